@@ -1,0 +1,10 @@
+"""recall: the machinery behind recall_server.py.
+
+Write path: conversations (validate a posted conversation, write it in funes format, atomically)
+-> scheduler (a debounced index run per user). Read path: auth (the user from a verified token)
+-> engines (index a user's sources; recall a query), funes as a subprocess or the embedded engine.
+
+Where new code goes: names HTTP or MCP -> recall_server.py; says what a conversation or a user
+directory is -> conversations.py; decides when to index -> scheduler.py; searches -> one engine
+behind engines/base.py; reads the environment -> settings.py.
+"""

@@ -1,0 +1,43 @@
+"""Engines behind one seam (see base.py); nothing else in the server knows which one runs."""
+
+from __future__ import annotations
+
+import logging
+
+from recall.auth import ConfigError
+from recall.engines.base import Engine
+from recall.engines.funes import FunesEngine, find_funes
+from recall.settings import Settings
+
+log = logging.getLogger("recall")
+
+
+def make_engine(settings: Settings) -> Engine:
+    """ENGINE=funes needs the binary; auto takes funes when it resolves, else the embedded one."""
+    binary = find_funes(settings.funes_bin) if settings.engine != "embedded" else None
+    if settings.engine == "funes" and binary is None:
+        raise ConfigError(f"ENGINE=funes but no executable funes ({settings.funes_bin or 'PATH'})")
+    if binary is not None:
+        return FunesEngine(
+            binary,
+            k=settings.recall_k,
+            candidates=settings.recall_candidates,
+            hf_home=settings.hf_home,
+            index_timeout=settings.index_timeout,
+        )
+    # Imported here: onnxruntime is heavy, and a funes deployment never needs it.
+    from recall.engines.embedded import EmbeddedEngine
+
+    from recall.embedder import load_embedder
+
+    try:
+        embedder = load_embedder(settings.embed_model_dir, settings.embed_pooling)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"embedding model: {exc}") from exc
+    return EmbeddedEngine(
+        embedder,
+        k=settings.recall_k,
+        candidates=settings.recall_candidates,
+        max_chars=settings.max_result_chars,
+        half_life_days=settings.recall_half_life_days,
+    )

@@ -1,0 +1,153 @@
+"""The funes engine: the funes binary as a subprocess, one process per call (the brief's design).
+
+funes' contract (what it takes and prints) is in docs/CONTRACTS.md; the tests drive this module
+through a stand-in executable that honours it, since the binary cannot be had on our machines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from recall.engines.base import EngineError
+
+log = logging.getLogger("recall.funes")
+
+# funes prints "  → get <session> <turn> --memory <path>" after each hit for agents that can
+# call `get`. Ours cannot; the lines would only leak server paths and session ids.
+HINT_LINE = re.compile(r"^[ \t]*→ get .*(?:\n|$)", re.MULTILINE)
+LOCKED = "another funes memory operation is in progress"
+KILL_GRACE = 1.0
+
+
+def find_funes(configured: str | None) -> str | None:
+    """An executable funes: FUNES_BIN when set, else `funes` on PATH."""
+    candidate = configured or "funes"
+    found = shutil.which(candidate)
+    return found if found and os.access(found, os.X_OK) else None
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    code: int
+    stdout: str
+    stderr: str
+
+
+async def run_process(
+    argv: list[str], env: dict[str, str], timeout: float | None = None
+) -> ProcessResult:
+    """Run a child in its own process group; on timeout or cancellation, kill the whole group.
+
+    funes can start children of its own (git, a secret scanner); killing only the direct child
+    would leave them holding the pipes, and `wait()` would hang.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,  # a first long index prompts when stdin is a terminal
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except BaseException:  # timeout, or the caller was cancelled (client went away)
+        await _kill_group(proc)
+        raise
+    assert proc.returncode is not None
+    return ProcessResult(
+        proc.returncode, out.decode(errors="replace"), err.decode("utf-8", "replace")
+    )
+
+
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE)
+            if sig == signal.SIGTERM:
+                # the leader is gone; grandchildren may linger in the group
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            return
+        except TimeoutError:
+            continue
+
+
+class FunesEngine:
+    name = "funes"
+
+    def __init__(
+        self,
+        binary: str,
+        *,
+        k: int = 3,
+        candidates: int = 8,
+        hf_home: Path | None = None,
+        index_timeout: float = 300.0,
+        lock_retries: int = 5,
+    ) -> None:
+        self.binary = binary
+        self.k = k
+        self.candidates = candidates
+        self.hf_home = hf_home
+        self.index_timeout = index_timeout
+        self.lock_retries = lock_retries
+
+    def _env(self, home: Path) -> dict[str, str]:
+        # A cleared environment: funes sees its memory, its models, offline mode and PATH only.
+        env = {
+            "FUNES_HOME": str(home),
+            "HF_HUB_OFFLINE": "1",
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        }
+        if self.hf_home:
+            env["HF_HOME"] = str(self.hf_home)
+        return env
+
+    def has_memory(self, home: Path) -> bool:
+        return (home / "memory").exists()
+
+    async def index(self, home: Path) -> None:
+        argv = [self.binary, "index", "--yes", str(home / "src")]
+        for attempt in range(self.lock_retries + 1):
+            try:
+                result = await run_process(argv, self._env(home), self.index_timeout)
+            except TimeoutError as exc:
+                raise EngineError(f"funes index timed out after {self.index_timeout:g}s") from exc
+            except OSError as exc:
+                raise EngineError(f"funes could not start: {exc.strerror}") from exc
+            if result.code == 0:
+                return
+            if LOCKED in result.stderr and attempt < self.lock_retries:
+                await asyncio.sleep(0.5 * (attempt + 1))  # someone else holds the memory: retry
+                continue
+            raise EngineError(f"funes index exited {result.code}: {_last_line(result.stderr)}")
+
+    async def recall(self, home: Path, query: str) -> str:
+        # `--` so a user who types "-k 100" is searching for that text, not passing a flag.
+        argv = [self.binary, "recall", "-k", str(self.k), "--candidates", str(self.candidates)]
+        try:
+            result = await run_process([*argv, "--", query], self._env(home))
+        except OSError as exc:
+            raise EngineError(f"funes could not start: {exc.strerror}") from exc
+        if result.code != 0:
+            raise EngineError(f"funes recall exited {result.code}: {_last_line(result.stderr)}")
+        text = HINT_LINE.sub("", result.stdout).strip()
+        return "" if text == "no results" else text
+
+
+def _last_line(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "(no message)"

@@ -1,0 +1,76 @@
+"""Every setting is an environment variable with the same name (DEVELOPERS.md fixes the names)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    data_dir: Path = Path("recall-data")
+    log_level: str = "INFO"
+
+    # Write path. The key guards an internal route the chat gateway calls; 16+ chars so a
+    # typo'd or placeholder value cannot start a server.
+    ingest_key: str = ""
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_turns: int = Field(5_000, ge=1)
+    max_text_chars: int = Field(200_000, ge=1)
+
+    # Read path identity: a demo token map, or JWTs from the company's identity provider.
+    auth_tokens_file: Path | None = None
+    jwt_jwks_uri: str | None = None
+    jwt_public_key: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_user_claim: str = "sub"
+
+    # Engines.
+    engine: Literal["auto", "funes", "embedded"] = "auto"
+    funes_bin: str | None = None
+    hf_home: Path | None = None  # funes reads its baked models from here
+    embed_model_dir: Path | None = None  # any local ONNX model + tokenizer.json
+    embed_pooling: Literal["mean", "cls"] = "mean"
+
+    # Recall bounds: the brief's values (k 3 and a pool below 4 x k keep funes' reranker off).
+    recall_k: int = Field(3, ge=1, le=50)
+    recall_candidates: int = Field(8, ge=1, le=200)
+    recall_timeout: float = Field(10.0, gt=0)
+    recall_concurrency: int = Field(4, ge=1)
+    recall_half_life_days: float = Field(0.0, ge=0)
+    max_result_chars: int = Field(4000, ge=200)
+    max_query_chars: int = 500
+
+    # Indexing: a burst of posts gives one run; runs never block a request.
+    index_debounce: float = Field(1.0, ge=0)
+    index_timeout: float = Field(300.0, gt=0)
+
+    @field_validator("jwt_jwks_uri", "jwt_public_key", "jwt_issuer", "jwt_audience", "funes_bin")
+    @classmethod
+    def _blank_is_unset(cls, value: str | None) -> str | None:
+        return value or None
+
+    @field_validator("auth_tokens_file", "hf_home", "embed_model_dir", mode="before")
+    @classmethod
+    def _blank_path_is_unset(cls, value: object) -> object:
+        return value or None
+
+    def problems(self) -> list[str]:
+        """Reasons this configuration must not serve; empty when it may."""
+        found = []
+        if len(self.ingest_key) < 16:
+            found.append("INGEST_KEY must be set to at least 16 characters")
+        if not (self.auth_tokens_file or self.jwt_jwks_uri or self.jwt_public_key):
+            found.append("set AUTH_TOKENS_FILE or JWT_JWKS_URI/JWT_PUBLIC_KEY to verify tokens")
+        if self.auth_tokens_file and (self.jwt_jwks_uri or self.jwt_public_key):
+            found.append("set either AUTH_TOKENS_FILE or JWT_*, not both")
+        if self.jwt_jwks_uri and self.jwt_public_key:
+            found.append("set either JWT_JWKS_URI or JWT_PUBLIC_KEY, not both")
+        return found

@@ -1,0 +1,201 @@
+"""recall-server: lets an agent search the current user's own earlier conversations.
+
+Two paths, two credentials:
+
+- Write path. The chat gateway POSTs each finished conversation (the whole conversation so far)
+  to /turns with the shared `x-ingest-key`. We validate it, write one funes-format file per
+  conversation atomically under DATA_DIR/<hash of user>/src, and schedule a debounced index run.
+- Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp. The user
+  comes from the verified bearer token, never from the query. Bounded concurrency, a timeout,
+  a character cap, and it fails soft: a memory problem never breaks the conversation.
+
+Where code goes: request handling and wiring here; the write path's domain in
+recall/conversations.py; index scheduling in recall/scheduler.py; search engines behind the seam
+in recall/engines/ (funes as a subprocess, or the embedded in-process engine); identity in
+recall/auth.py; settings in recall/settings.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastmcp import FastMCP
+from fastmcp.server.dependencies import get_access_token
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from recall.auth import ConfigError, build_verifier, user_from_token
+from recall.conversations import (
+    InvalidConversation,
+    Limits,
+    parse_conversation,
+    user_dir_name,
+    write_conversation,
+)
+from recall.engines import make_engine
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
+from recall.scheduler import IndexScheduler, mark_indexed, needs_index, sources_fingerprint
+from recall.settings import Settings
+
+log = logging.getLogger("recall")
+
+TOOL_DESCRIPTION = """\
+Search this user's own earlier conversations with you and get back dated, word-for-word passages.
+
+Use it whenever the user points back at something said before: "last time", "earlier", "as we
+discussed", "what did we decide", "who owns", "the numbers we used", a ticket or ID they expect
+you to know. Look it up before asking them to repeat themselves.
+
+Query with a few words built around identifiers and key nouns ("MT-4471 K-2 ticket",
+"N-11 upgrade decision", "forecast base case parameters"), not a whole sentence. If the first
+search misses, search again with other words. Quote what comes back with its date; never fill
+gaps with guesses, and say so when the earlier conversations do not contain the answer."""
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    """The request body, refusing (without buffering) anything over `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(settings: Settings) -> Starlette:
+    if problems := settings.problems():
+        raise ConfigError("; ".join(problems))
+    verifier = build_verifier(settings)
+    engine = make_engine(settings)
+    data_dir = settings.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    limits = Limits(max_turns=settings.max_turns, max_text_chars=settings.max_text_chars)
+    ingest_key = settings.ingest_key.encode()
+    recall_slots = asyncio.Semaphore(settings.recall_concurrency)
+
+    def home(user: str) -> Path:
+        return data_dir / user_dir_name(user)
+
+    async def index_user(user_home: Path) -> None:
+        fingerprint = sources_fingerprint(user_home)  # taken first: a write during the run re-runs
+        started = time.monotonic()
+        await engine.index(user_home)
+        mark_indexed(user_home, engine.name, fingerprint)
+        log.info("indexed user %s in %.2fs", user_home.name, time.monotonic() - started)
+
+    scheduler = IndexScheduler(index_user, settings.index_debounce)
+
+    @asynccontextmanager
+    async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
+        # Catch up on whatever changed while we were down: a restart or a crash loses nothing.
+        for user_home in sorted(p for p in data_dir.iterdir() if p.is_dir()):
+            if needs_index(user_home, engine.name):
+                scheduler.schedule(user_home)
+        log.info("serving with the %s engine, data in %s", engine.name, data_dir)
+        try:
+            yield {}
+        finally:
+            await scheduler.close()
+
+    mcp = FastMCP("recall", auth=verifier, lifespan=lifespan)
+
+    # --- write path -------------------------------------------------------------------------
+
+    @mcp.custom_route("/turns", methods=["POST"])
+    async def ingest(request: Request) -> JSONResponse:
+        # Custom routes sit outside FastMCP's auth: check the shared key here, in constant time.
+        provided = request.headers.get("x-ingest-key", "").encode("latin-1")
+        if not hmac.compare_digest(provided, ingest_key):
+            return error(401, "x-ingest-key: missing or wrong")
+        try:
+            raw = await read_limited(request, settings.max_body_bytes)
+        except BodyTooLarge:
+            return error(413, f"body: larger than {settings.max_body_bytes} bytes")
+        try:
+            conversation = parse_conversation(json.loads(raw), limits)
+        except (ValueError, RecursionError) as exc:  # InvalidConversation is a ValueError
+            message = str(exc) if isinstance(exc, InvalidConversation) else "body: not valid JSON"
+            return error(400, message)
+        user_home = home(conversation.user)
+        await asyncio.to_thread(write_conversation, user_home, conversation)  # durable before 202
+        scheduler.schedule(user_home)
+        return JSONResponse({"stored": conversation.conversation_id}, status_code=202)
+
+    @mcp.custom_route("/healthz", methods=["GET"])
+    async def healthz(_: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "engine": engine.name})
+
+    # --- read path --------------------------------------------------------------------------
+
+    @mcp.tool(description=TOOL_DESCRIPTION)
+    async def recall_my_conversations(query: str) -> str:
+        user = user_from_token(get_access_token(), settings.jwt_user_claim)
+        if user is None:
+            log.warning("recall refused: token has no %s claim", settings.jwt_user_claim)
+            return UNAVAILABLE
+        user_home = home(user)  # from the verified token, never from the query
+        if not engine.has_memory(user_home):
+            return NO_MEMORY
+        query = query.strip()[: settings.max_query_chars]
+        if not query:
+            return NOTHING_FOUND
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(settings.recall_timeout):
+                async with recall_slots:
+                    found = await engine.recall(user_home, query)
+        except (TimeoutError, EngineError, OSError) as exc:
+            cause = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            log.warning("recall failed for user %s: %s", user_home.name, cause)
+            return UNAVAILABLE
+        log.info("recall for user %s in %.3fs", user_home.name, time.monotonic() - started)
+        return found[: settings.max_result_chars] or NOTHING_FOUND
+
+    app = mcp.http_app(path="/mcp")
+    app.state.engine = engine  # for the backfill command and the tests
+    app.state.scheduler = scheduler
+    return app
+
+
+def main() -> None:
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        sys.exit(f"recall-server: bad setting {str(first['loc'][0]).upper()}: {first['msg']}")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        app = create_app(settings)
+    except ConfigError as exc:
+        sys.exit(f"recall-server: {exc}")
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+
+
+if __name__ == "__main__":
+    main()
