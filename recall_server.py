@@ -51,6 +51,8 @@ from recall.settings import Settings
 
 log = logging.getLogger("recall")
 
+MAX_QUERY_CHARS = 500  # a query is a few words; the cap bounds what one call can make us scan
+
 TOOL_DESCRIPTION = """\
 Search this user's own earlier conversations with you and get back dated, word-for-word passages.
 
@@ -160,7 +162,7 @@ def create_app(settings: Settings) -> Starlette:
         user_home = home(user)  # from the verified token, never from the query
         if not engine.has_memory(user_home):
             return NO_MEMORY
-        query = query.strip()[: settings.max_query_chars]
+        query = query.strip()[:MAX_QUERY_CHARS]
         if not query:
             return NOTHING_FOUND
         started = time.monotonic()

@@ -46,7 +46,6 @@ class Settings(BaseSettings):
     recall_concurrency: int = Field(4, ge=1)
     recall_half_life_days: float = Field(0.0, ge=0)
     max_result_chars: int = Field(4000, ge=200)
-    max_query_chars: int = 500
 
     # Indexing: a burst of posts gives one run; runs never block a request.
     index_debounce: float = Field(1.0, ge=0)

@@ -53,14 +53,17 @@ class FakeFunes:
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-@pytest.fixture
-def fake_funes(tmp_path: Path) -> FakeFunes:
-    folder = tmp_path / "funes-bin"
-    folder.mkdir()
+def install_fake_funes(folder: Path) -> FakeFunes:
+    folder.mkdir(parents=True)
     script = folder / "funes"
     script.write_text(f"#!{sys.executable}\n" + FAKE_FUNES.read_text())
     script.chmod(0o755)
     return FakeFunes(folder)
+
+
+@pytest.fixture
+def fake_funes(tmp_path: Path) -> FakeFunes:
+    return install_fake_funes(tmp_path / "funes-bin")
 
 
 def turn(role: str, text: str, ts: str = "2026-10-08T09:00:00Z", **extra: Any) -> dict[str, Any]:

@@ -10,7 +10,8 @@ lines and neighbour lines, and `no results` when nothing matches.
 
 For the tests it also records every call (argv, environment, pid, times) in `calls.jsonl` next
 to itself, and obeys `control.json` next to itself: {"mode": "normal" | "sleep" | "fail" |
-"empty" | "big", "sleep": seconds, "index_sleep": seconds, "spawn_child": bool}. The control
+"empty" | "big", "sleep": seconds, "index_sleep": seconds, "index_fail": bool,
+"spawn_child": bool}. The control
 file sits beside the script, not in the environment, because the server clears the environment.
 """
 
@@ -102,7 +103,8 @@ def _record(event: dict[str, Any]) -> None:
     line = json.dumps(event) + "\n"
     fd = os.open(HERE / "calls.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line.encode())  # one O_APPEND write per line: concurrent calls interleave whole
+        # one O_APPEND write a line, so concurrent calls never mix their lines
+        os.write(fd, line.encode())
     finally:
         os.close(fd)
 
@@ -130,6 +132,9 @@ def cmd_index(args: list[str], home: Path, control: dict[str, Any]) -> int:
         print(f"error: {LOCKED}", file=sys.stderr)
         return 1
     time.sleep(float(control.get("index_sleep", 0)))
+    if control.get("index_fail"):
+        print("error: failed to open the Lance store", file=sys.stderr)
+        return 1
     memory = home / "memory"
     memory.mkdir(exist_ok=True)
     store_path = memory / "chunks.json"

@@ -26,9 +26,8 @@ def make_engine(settings: Settings) -> Engine:
             index_timeout=settings.index_timeout,
         )
     # Imported here: onnxruntime is heavy, and a funes deployment never needs it.
-    from recall.engines.embedded import EmbeddedEngine
-
     from recall.embedder import load_embedder
+    from recall.engines.embedded import EmbeddedEngine
 
     try:
         embedder = load_embedder(settings.embed_model_dir, settings.embed_pooling)

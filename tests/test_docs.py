@@ -1,0 +1,27 @@
+"""The README stays true: its test command is what CI runs, its settings table is complete."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from recall.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    return re.findall(r"```sh\n(python3 -m venv .+?)\n```", (ROOT / "README.md").read_text())
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    run_command, test_command = readme_commands()
+    assert test_command in ci_lines
+    assert "pytest" in test_command and "recall-server" in run_command
+
+
+def test_readme_documents_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in readme]
+    assert missing == []
