@@ -1,0 +1,107 @@
+"""Play the chat gateway: post every seed conversation to a running recall server.
+
+Production posts the whole conversation so far after each finished turn (turn 1, turns 1-2, ...),
+which makes the write idempotent. The seeder does exactly the same, so a seeded memory is built
+the way a real one is.
+
+    python seeds/seed.py --url http://127.0.0.1:8000 --key KEY [--dir seeds]
+
+The key may also come from the environment (INGEST_KEY). Standard library only, so it runs
+anywhere Python does, without the project installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+TIMEOUT = 30.0  # seconds per post; /turns only writes a file, so this is generous
+
+
+class SeedError(Exception):
+    """A reason to stop; the message is printed as the one-line error."""
+
+
+def load_conversations(folder: Path) -> list[dict[str, Any]]:
+    """Every ``*.json`` body in ``folder``, oldest conversation first (as they happened)."""
+    bodies = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            body = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SeedError(f"{path}: not a readable JSON file ({exc})") from exc
+        if not isinstance(body, dict) or not isinstance(body.get("turns"), list):
+            raise SeedError(f"{path}: not a POST /turns body (needs a 'turns' list)")
+        bodies.append(body)
+    if not bodies:
+        raise SeedError(f"no *.json conversations in {folder}")
+    bodies.sort(key=lambda b: str(b["turns"][0].get("ts", "")) if b["turns"] else "")
+    return bodies
+
+
+def post(url: str, key: str, body: dict[str, Any]) -> None:
+    """One POST /turns; anything but 202 Accepted is an error."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode("utf-8"),
+        headers={"content-type": "application/json", "x-ingest-key": key},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            status = response.status
+            detail = response.read(300).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+        detail = exc.read(300).decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SeedError(f"cannot reach the recall server at {url}: {reason}") from exc
+    if status == 401:
+        raise SeedError(f"the server at {url} refused the ingest key (401): check INGEST_KEY")
+    if status != 202:
+        one_line = " ".join(detail.split())
+        raise SeedError(f"{url} answered {status} for {body['conversation_id']}: {one_line}")
+
+
+def seed(base_url: str, key: str, folder: Path) -> int:
+    """Post every conversation turn by turn; returns the number of posts made."""
+    url = base_url.rstrip("/") + "/turns"
+    posts = 0
+    for body in load_conversations(folder):
+        turns = body["turns"]
+        for upto in range(1, len(turns) + 1):
+            post(url, key, {**body, "turns": turns[:upto]})
+            posts += 1
+        print(f"{body['user']}: {body['conversation_id']} ({len(turns)} turns)")
+    return posts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Post the seed conversations to /turns.")
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    parser.add_argument("--key", default=os.environ.get("INGEST_KEY"), help="ingest key")
+    parser.add_argument(
+        "--dir", type=Path, default=Path(__file__).resolve().parent, help="folder of *.json"
+    )
+    args = parser.parse_args(argv)
+    if not args.key:
+        print("seed.py: no ingest key: pass --key or set INGEST_KEY", file=sys.stderr)
+        return 2
+    try:
+        posts = seed(args.url, args.key, args.dir)
+    except SeedError as exc:
+        print(f"seed.py: {exc}", file=sys.stderr)
+        return 1
+    print(f"posted {posts} times to {args.url.rstrip('/')}/turns")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
