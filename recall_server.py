@@ -184,6 +184,10 @@ def create_app(settings: Settings) -> Starlette:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["backfill"]:  # the operator's bulk import, same settings, no server
+        from recall.backfill import main as backfill
+
+        sys.exit(backfill(sys.argv[2:]))
     try:
         settings = Settings()
     except ValidationError as exc:

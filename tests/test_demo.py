@@ -1,0 +1,147 @@
+"""The seeded demo end to end: the real server on the embedded engine, seeded by seeds/seed.py the
+way the gateway does it, asked through an MCP client with the demo tokens and the short queries
+an agent sends. Each of the demo's five questions finds its facts; bob's chat stays his."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import ROOT, Server, make_server
+
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
+from recall.scheduler import needs_index
+
+DEMO_TOKENS = ROOT / "examples" / "tokens.json"
+SEEDER = ROOT / "seeds" / "seed.py"
+INDEX_TIMEOUT = 180.0  # seconds for both users' index runs to catch up after seeding
+
+
+def wait_until_indexed(server: Server) -> None:
+    """Both users answer from memory and no index run lags behind their sources."""
+    deadline = time.monotonic() + INDEX_TIMEOUT
+    while time.monotonic() < deadline:
+        answers = [asyncio.run(server.recall(user, "N-11")) for user in ("alice", "bob")]
+        lagging = [needs_index(server.home(user), "embedded") for user in ("alice", "bob")]
+        if NO_MEMORY not in answers and not any(lagging):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"index not ready after {INDEX_TIMEOUT:.0f}s:\n{server.log()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One seeded server for the module: seeding and indexing are the slow part."""
+    server = make_server(
+        tmp_path_factory.mktemp("demo"), ENGINE="embedded", AUTH_TOKENS_FILE=str(DEMO_TOKENS)
+    )
+    tokens = json.loads(DEMO_TOKENS.read_text())
+    server.tokens = {user: token for token, user in tokens.items()}
+    server.start()
+    try:
+        seeded = subprocess.run(
+            [sys.executable, str(SEEDER), "--url", server.url],
+            env={**os.environ, "INGEST_KEY": server.ingest_key},  # the key stays out of argv
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert seeded.returncode == 0, seeded.stderr
+        wait_until_indexed(server)
+        yield server
+    finally:
+        server.stop()
+
+
+async def ask(server: Server, user: str, *queries: str) -> list[str]:
+    answers = [await server.recall(user, query) for query in queries]
+    for answer in answers:
+        assert answer not in (UNAVAILABLE, NO_MEMORY)
+    return answers
+
+
+def missing(facts: list[str], answers: list[str]) -> list[str]:
+    """The facts that appear in none of the answers."""
+    return [fact for fact in facts if not any(fact in answer for answer in answers)]
+
+
+async def test_n11_decision_and_its_mt4471_blocker_are_found_across_two_chats(
+    demo: Server,
+) -> None:
+    queries = ("N-11 upgrade", "N-11 blocker schedule", "MT-4471 K-2 machine", "MT-4471 closed")
+    answers = await ask(demo, "alice", *queries)
+    facts = [
+        "[2026-10-08",  # the capacity check that took the decision
+        "go ahead with the N-11 upgrade",
+        "91%",
+        "2,185 of 2,400 units/d",
+        "scheduled once MT-4471 is closed",
+        "[2026-10-03",  # the shift handover that raised the ticket
+        "K-2 compressor tripped twice",
+        "Ticket MT-4471 open",
+    ]
+    assert not missing(facts, answers)
+
+
+async def test_empty_reconciliation_columns_lead_to_the_f204_gap_and_priya(demo: Server) -> None:
+    queries = ("reconciliation columns empty", "reconciliation failed", "F-204 escalated")
+    answers = await ask(demo, "alice", *queries)
+    facts = [
+        "reconciliation columns are empty from 09-23 to 09-25",
+        "Tomas",
+        "gap in data feed F-204",
+        "Priya (integrations lead)",
+        "Due 2026-10-05",
+    ]
+    assert not missing(facts, answers)
+
+
+async def test_follow_ups_with_owners_and_due_dates_are_found_across_five_chats(
+    demo: Server,
+) -> None:
+    queries = ("follow-ups", "follow-up due", "by Friday", "escalated follow-up")
+    answers = await ask(demo, "alice", *queries)
+    owners = ["Tomas", "Jonas", "Marta", "Priya", "Kofi", "Dana"]
+    due = ["2026-10-02", "Friday 2 October", "2026-10-05", "2026-10-06", "2026-10-09", "14 October"]
+    chats = ["[2026-09-28 08:", "[2026-09-28 14:", "[2026-10-01", "[2026-10-03", "[2026-10-08"]
+    assert not missing(owners + due + chats, answers)
+
+
+async def test_forecast_base_case_comes_back_with_its_exact_parameters_and_results(
+    demo: Server,
+) -> None:
+    queries = ("forecast base case", "base case parameters", "forecast 18 months")
+    answers = await ask(demo, "alice", *queries)
+    facts = [
+        "Base case: Arps hyperbolic, q0 1,500 units/d, Di 0.25/yr, b 0.6",
+        "1,069.5 units/d at 18 months, 693.3 k units cumulative",
+        "[2026-09-28",
+    ]
+    assert not missing(facts, answers)
+
+
+@pytest.mark.parametrize("query", ["P-7 motor", "MT-5120"])
+async def test_alice_finds_nothing_of_bobs_p7_motor_chat(demo: Server, query: str) -> None:
+    [answer] = await ask(demo, "alice", query)
+    for bobs in ("P-7", "MT-5120", "South hub", "bearing", "Ravi"):
+        assert bobs not in answer
+
+
+@pytest.mark.parametrize("query", ["P-7 motor", "MT-5120"])
+async def test_bob_finds_his_p7_motor_chat(demo: Server, query: str) -> None:
+    [answer] = await ask(demo, "bob", query)
+    assert answer != NOTHING_FOUND
+    for fact in ("[2026-10-06", "P-7", "MT-5120", "drive-end bearing"):
+        assert fact in answer
+
+
+async def test_bob_finds_nothing_of_alices_chats(demo: Server) -> None:
+    for answer in await ask(demo, "bob", "N-11 upgrade", "MT-4471 K-2", "forecast base case"):
+        for alices in ("N-11", "MT-4471", "K-2", "hyperbolic", "Priya"):
+            assert alices not in answer

@@ -1,0 +1,491 @@
+"""The embedded engine end to end: real sources on disk, the real int8 MiniLM, real SQLite.
+
+Every test builds a user's home from conversations posted through the write path's own
+functions, runs index runs and recalls, and reads the text the agent would read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recall.conversations import parse_conversation, source_files, write_conversation
+from recall.embedder import Embedder, ModelUnavailable, OnnxEmbedder, load_embedder
+from recall.engines.base import EngineError
+from recall.engines.embedded import EmbeddedEngine, db_path, fts_query
+
+# Conversation ids look like real ones so a leak into the output is easy to spot.
+CORPUS: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    "c7f3a-mobile-login": (
+        "2026-03-02T10:00:00Z",
+        [
+            ("user", "Can you summarise ticket MT-4471 for me? It keeps coming up in planning."),
+            (
+                "assistant",
+                "MT-4471 tracks the login timeouts in the mobile app. The owner is Priya Raman "
+                "from the identity team; she expects a fix in release 3.2.",
+            ),
+            ("user", "Great, I'll ask Priya for an update on Thursday."),
+        ],
+    ),
+    "c19be-other-ticket": (
+        "2026-03-03T11:00:00Z",
+        [
+            ("user", "What is MT-4417 about?"),
+            (
+                "assistant",
+                "MT-4417 is the request to translate the billing emails into Portuguese.",
+            ),
+        ],
+    ),
+    "c2d40-aircon": (
+        "2026-02-11T08:30:00Z",
+        [
+            ("user", "The air conditioning on the fourth floor failed again. Is there a ticket?"),
+            (
+                "assistant",
+                "Yes, F-204. Its owner is Marcus Lee in facilities, and a technician visits "
+                "on Friday.",
+            ),
+        ],
+    ),
+    "c88e1-runbook": (
+        "2026-02-20T15:00:00Z",
+        [
+            ("user", "Where is the runbook for the billing database migration?"),
+            (
+                "assistant",
+                "It is N-11 in the wiki: stop the writers, snapshot, migrate to Postgres 16, "
+                "then switch the DNS record.",
+            ),
+            ("user", "And the rollback plan?"),
+            ("assistant", "N-12 covers rollback: restore the snapshot and point DNS back."),
+        ],
+    ),
+    "c5a6c-garden": (
+        "2026-01-05T18:00:00Z",
+        [
+            ("user", "My tomato plants have yellow leaves at the bottom. What is wrong?"),
+            (
+                "assistant",
+                "Lower yellow leaves usually mean a nitrogen shortage or overwatering; let the "
+                "soil dry between waterings and add compost.",
+            ),
+        ],
+    ),
+    "c0b77-cluster": (
+        "2026-02-25T09:00:00Z",
+        [
+            ("user", "Which cluster runs the search service?"),
+            (
+                "assistant",
+                "The search service runs on K-2, the second Kubernetes cluster in Frankfurt.",
+            ),
+        ],
+    ),
+    "c6e02-trip": (
+        "2026-02-01T12:00:00Z",
+        [
+            ("user", "I am planning a weekend in Lisbon in May. Any tips?"),
+            (
+                "assistant",
+                "Take tram 28 early in the morning, eat pastel de nata in Belem and watch the "
+                "sunset from a miradouro.",
+            ),
+        ],
+    ),
+    "c3f19-standup-old": (
+        "2026-01-10T09:00:00Z",
+        [
+            ("user", "Note for later: the team standup is at 9:30 every morning in room Atlas."),
+            ("assistant", "Noted: the team standup is at 9:30 in Atlas."),
+        ],
+    ),
+    "c4aa0-standup-new": (
+        "2026-03-20T09:00:00Z",
+        [
+            ("user", "Change of plan, the standup now starts at 10:15."),
+            ("assistant", "Noted: it starts at 10:15 from now on."),
+        ],
+    ),
+}
+
+FTS_SYNTAX = ['"', 'say "hello', "NEAR(", "NEAR(a b)", "*", "login*", "-k 100", "a:b", "(", ")"]
+FTS_SYNTAX += ["AND", "OR NOT", "text:MT-4471", "^MT", "{a b}", "'", "MT-4471 -k 100 --", "-"]
+
+
+def post(home: Path, cid: str, start: str, turns: list[tuple[str, str]]) -> Path:
+    """Write a conversation exactly as the /turns route would: one turn a minute from start."""
+    t0 = datetime.fromisoformat(start.replace("Z", "+00:00"))
+    body = {
+        "user": "alice",
+        "conversation_id": cid,
+        "turns": [
+            {"role": role, "text": text, "ts": f"{t0 + timedelta(minutes=i):%Y-%m-%dT%H:%M:%SZ}"}
+            for i, (role, text) in enumerate(turns)
+        ],
+    }
+    return write_conversation(home, parse_conversation(body))
+
+
+def hits(output: str) -> list[str]:
+    """The hit blocks of a recall, in rank order."""
+    return [block for block in output.split("---\n") if block.strip()]
+
+
+class CountingEmbedder:
+    """The real embedder, counting what it is asked to embed."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.dim = inner.dim
+        self.texts: list[str] = []
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.texts.extend(texts)
+        return self.inner.embed(texts)
+
+
+@pytest.fixture(scope="module")
+def embedder() -> OnnxEmbedder:
+    return load_embedder()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    home = tmp_path / "user"
+    for cid, (start, turns) in CORPUS.items():
+        post(home, cid, start, turns)
+    return home
+
+
+@pytest.fixture
+def engine(embedder: OnnxEmbedder) -> EmbeddedEngine:
+    return EmbeddedEngine(embedder, k=3, candidates=8, max_chars=4000)
+
+
+@pytest.fixture
+async def indexed(engine: EmbeddedEngine, home: Path) -> Path:
+    """A fresh indexed user, for tests that change its sources."""
+    await engine.index(home)
+    return home
+
+
+@pytest.fixture(scope="module")
+def memory(embedder: OnnxEmbedder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One indexed user shared by the tests that only read."""
+    home = tmp_path_factory.mktemp("shared") / "user"
+    for cid, (start, turns) in CORPUS.items():
+        post(home, cid, start, turns)
+    asyncio.run(EmbeddedEngine(embedder).index(home))
+    return home
+
+
+# -- the model -----------------------------------------------------------------------------------
+
+
+def test_embedder_gives_unit_vectors_that_place_paraphrases_close(embedder: OnnxEmbedder) -> None:
+    vectors = embedder.embed(
+        ["A man is eating food.", "A man is eating a piece of bread.", "The girl carries a baby."]
+    )
+    assert vectors.shape == (3, embedder.dim) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[1] > 0.6 > vectors[0] @ vectors[2]
+
+
+def test_batching_does_not_change_a_vector(embedder: OnnxEmbedder) -> None:
+    short, long = "who owns it?", "a much longer sentence about ticket owners and releases " * 8
+    alone = embedder.embed([short])[0]
+    padded = embedder.embed([long, short])[1]  # batched with a longer text: padding is masked
+    assert float(alone @ padded) > 0.999
+
+
+def test_a_missing_model_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ModelUnavailable, match=re.escape(str(tmp_path / "model.onnx"))):
+        load_embedder(tmp_path)
+
+
+# -- ranking -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("MT-4471", "MT-4471"),
+        ("what did we say about mt-4471", "MT-4471"),
+        ("N-11", "N-11"),
+        ("K-2", "K-2"),
+        ("F-204", "F-204"),
+        ("MT4471", "MT-4471"),
+    ],
+)
+async def test_an_identifier_finds_its_conversation_first(
+    engine: EmbeddedEngine, memory: Path, query: str, expected: str
+) -> None:
+    # Given a history with look-alike ids (MT-4417 next to MT-4471, N-12 next to N-11)
+    # When the agent searches for one id
+    first = hits(await engine.recall(memory, query))[0]
+    # Then the first hit is a turn of that id's conversation, not of a look-alike's
+    assert expected in first
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("who is responsible for the work order about the broken AC unit?", "Marcus Lee"),
+        ("which person is in charge of the problem with signing in on phones?", "Priya Raman"),
+        ("how do we undo the database move if it fails?", "restore the snapshot"),
+    ],
+)
+async def test_a_paraphrase_finds_its_conversation_within_k(
+    engine: EmbeddedEngine, memory: Path, query: str, expected: str
+) -> None:
+    # Given the fact stated in other words than the query's
+    # When the agent asks in its own words
+    output = await engine.recall(memory, query)
+    # Then one of the k hits (or its neighbours) carries the fact
+    assert len(hits(output)) == 3
+    assert expected in output
+
+
+async def test_hits_come_with_the_turns_before_and_after(
+    engine: EmbeddedEngine, memory: Path
+) -> None:
+    # When the best hit is the middle of a conversation
+    first = hits(await engine.recall(memory, "N-11"))[0]
+    # Then it has a dated header and the turns on either side, marked as neighbours
+    lines = first.splitlines()
+    assert lines[0] == "[2026-02-20 15:01 UTC] assistant"
+    assert lines[1].startswith("It is N-11 in the wiki")
+    assert "  ~ before (user): Where is the runbook for the billing database migration?" in lines
+    assert "  ~ after (user): And the rollback plan?" in lines
+
+
+async def test_the_same_passage_is_never_two_hits(engine: EmbeddedEngine, memory: Path) -> None:
+    for query in ("MT-4471", "standup", "rollback plan", "tomato leaves"):
+        passages = [block.splitlines()[1] for block in hits(await engine.recall(memory, query))]
+        assert len(passages) == len(set(passages))
+
+
+async def test_a_later_statement_outranks_an_older_one_with_recency_on(
+    embedder: OnnxEmbedder, home: Path
+) -> None:
+    # Given the standup time stated in January and changed in March
+    query = "what time is the team standup?"
+    plain = EmbeddedEngine(embedder, k=3)
+    recent = EmbeddedEngine(embedder, k=3, half_life_days=30)
+    await plain.index(home)
+    # When recency is off, the older statement (more words in common) ranks first
+    assert "9:30" in hits(await plain.recall(home, query))[0]
+    # Then with a 30-day half-life the later statement comes first
+    assert "10:15" in hits(await recent.recall(home, query))[0]
+
+
+# -- index runs reconcile with the sources --------------------------------------------------------
+
+
+async def test_a_conversation_reposted_longer_gains_its_new_turns_and_nothing_is_embedded_twice(
+    embedder: OnnxEmbedder, home: Path
+) -> None:
+    counting = CountingEmbedder(embedder)
+    engine = EmbeddedEngine(counting, k=3)
+    await engine.index(home)
+    first_run = len(counting.texts)
+    assert first_run == sum(len(turns) for _, turns in CORPUS.values())
+
+    # Given the gateway re-posts the login conversation with two more turns
+    start, turns = CORPUS["c7f3a-mobile-login"]
+    longer = [
+        *turns,
+        ("user", "Any news on the login fix?"),
+        ("assistant", "The fix slipped to release 3.3 because QA-77 found a crash on tablets."),
+    ]
+    post(home, "c7f3a-mobile-login", start, longer)
+    counting.texts.clear()
+    # When the next index run happens
+    await engine.index(home)
+    # Then only the two new turns were embedded
+    assert len(counting.texts) == 2
+    assert any("QA-77" in text for text in counting.texts)
+    # And a run with nothing new embeds nothing
+    counting.texts.clear()
+    await engine.index(home)
+    assert counting.texts == []
+    # And the new fact is found
+    assert "release 3.3" in hits(await engine.recall(home, "QA-77"))[0]
+
+
+async def test_an_edited_turn_replaces_the_old_text(engine: EmbeddedEngine, indexed: Path) -> None:
+    start, turns = CORPUS["c0b77-cluster"]
+    post(indexed, "c0b77-cluster", start, [turns[0], ("assistant", "Search moved to K-9.")])
+    await engine.index(indexed)
+    output = await engine.recall(indexed, "which cluster runs the search service")
+    assert "K-9" in output and "K-2" not in output
+
+
+async def test_a_removed_source_disappears_after_the_next_index_run(
+    engine: EmbeddedEngine, indexed: Path
+) -> None:
+    assert "tomato" in await engine.recall(indexed, "tomato leaves turning yellow")
+    # Given the garden conversation is deleted
+    (indexed / "src" / "c5a6c-garden.funes.jsonl").unlink()
+    # When the next index run happens
+    await engine.index(indexed)
+    # Then nothing of it is found any more
+    output = await engine.recall(indexed, "tomato leaves turning yellow")
+    assert "tomato" not in output and "nitrogen" not in output
+
+
+async def test_a_shrunk_source_loses_its_dropped_turns(
+    engine: EmbeddedEngine, indexed: Path
+) -> None:
+    assert "N-12" in await engine.recall(indexed, "N-12 rollback")
+    # Given the runbook conversation re-posted with its first two turns only
+    start, turns = CORPUS["c88e1-runbook"]
+    post(indexed, "c88e1-runbook", start, turns[:2])
+    await engine.index(indexed)
+    # Then the dropped turns are gone, and the kept ones remain
+    output = await engine.recall(indexed, "N-12 rollback")
+    assert "N-12" not in output and "And the rollback plan?" not in output
+    assert "N-11" in await engine.recall(indexed, "N-11")
+
+
+async def test_an_unparseable_source_is_skipped_without_logging_its_text(
+    engine: EmbeddedEngine, home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (home / "src" / "broken.funes.jsonl").write_text('{"secret": "hunter2"\n', encoding="utf-8")
+    (home / "src" / "wrong.funes.jsonl").write_text('{"secret": "hunter2"}\n', encoding="utf-8")
+    await engine.index(home)
+    assert "MT-4471" in hits(await engine.recall(home, "MT-4471"))[0]
+    assert "broken.funes.jsonl" in caplog.text and "wrong.funes.jsonl" in caplog.text
+    assert "hunter2" not in caplog.text
+
+
+async def test_a_long_turn_is_split_and_its_middle_is_found(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    filler = "The quarterly report covers revenue, churn and hiring in every region. " * 25
+    fact = "The vault combination for the Oslo office is stored under key ZX-9917. "
+    home = tmp_path / "user"
+    post(home, "c1-long", "2026-01-01T00:00:00Z", [("user", filler + fact + filler)])
+    engine = EmbeddedEngine(embedder, k=3, max_chars=1000)
+    await engine.index(home)
+    output = await engine.recall(home, "ZX-9917")
+    assert "ZX-9917" in hits(output)[0]
+    assert len(output) <= 1000
+
+
+# -- robustness ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query", FTS_SYNTAX)
+async def test_fts_syntax_in_a_query_is_plain_text(
+    engine: EmbeddedEngine, memory: Path, query: str
+) -> None:
+    output = await engine.recall(memory, query)
+    assert isinstance(output, str)
+
+
+def test_the_fts_query_is_only_quoted_words() -> None:
+    for query in FTS_SYNTAX:
+        match = fts_query(query)
+        assert match == "" or re.fullmatch(r'"\w+"( OR "\w+")*', match)
+    assert fts_query("MT-4471") == '"mt" OR "4471" OR "mt4471"'
+
+
+async def test_an_empty_memory_or_query_gives_nothing(
+    engine: EmbeddedEngine, tmp_path: Path
+) -> None:
+    home = tmp_path / "nobody"
+    assert not engine.has_memory(home)
+    assert await engine.recall(home, "anything") == ""
+    await engine.index(home)  # no sources yet
+    assert engine.has_memory(home)
+    assert await engine.recall(home, "anything") == ""
+    assert await engine.recall(home, "   ") == ""
+
+
+async def test_a_corrupt_db_fails_recall_and_is_rebuilt_by_the_next_index_run(
+    engine: EmbeddedEngine, indexed: Path
+) -> None:
+    assert "MT-4471" in await engine.recall(indexed, "MT-4471")  # the matrix is now cached
+    # Given the db file overwritten with garbage
+    path = db_path(indexed)
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+    path.write_bytes(b"this is not a database at all " * 200)
+    # When the agent recalls, the engine raises (the server turns it into its fail-soft text)
+    with pytest.raises(EngineError):
+        await engine.recall(indexed, "MT-4471")
+    # Then the next index run rebuilds it from the sources
+    await engine.index(indexed)
+    assert "MT-4471" in hits(await engine.recall(indexed, "MT-4471"))[0]
+
+
+async def test_index_and_recall_for_one_user_can_overlap(
+    engine: EmbeddedEngine, indexed: Path
+) -> None:
+    # Given new conversations waiting for an index run
+    for n in range(30):
+        post(indexed, f"c-extra-{n}", "2026-04-01T00:00:00Z", [("user", f"Extra note {n}.")] * 2)
+    # When the run and a stream of recalls happen together
+    queries = ["MT-4471", "standup", "K-2", "note 7", "rollback"] * 4
+    results = await asyncio.gather(
+        engine.index(indexed), *(engine.recall(indexed, q) for q in queries)
+    )
+    # Then every recall answered, and afterwards the new text is searchable
+    assert all(isinstance(r, str) and r for r in results[1:])
+    assert "Extra note 7." in await engine.recall(indexed, "extra note 7")
+
+
+# -- the text the agent reads --------------------------------------------------------------------
+
+
+async def test_the_output_names_no_conversation_ids_chunk_ids_or_paths(
+    engine: EmbeddedEngine, memory: Path
+) -> None:
+    outputs = [
+        await engine.recall(memory, q)
+        for q in ("MT-4471", "standup", "rollback", "Lisbon", "c7f3a-mobile-login")
+    ]
+    text = "\n".join(outputs)
+    for cid in CORPUS:
+        assert cid not in text
+    assert str(memory) not in text and "funes.jsonl" not in text and "/" not in text
+    assert not re.search(r"\b[0-9a-f]{16}\b", text)
+
+
+@pytest.fixture(scope="module")
+def long_home(embedder: OnnxEmbedder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user whose turns are all long, indexed once for the module (long texts embed slowly)."""
+    home = tmp_path_factory.mktemp("long") / "user"
+    text = "Deployment notes for the billing service and its MT-4471 rollout. " * 30
+    for n in range(3):
+        post(home, f"c-long-{n}", "2026-01-01T00:00:00Z", [("user", text), ("assistant", text)])
+    asyncio.run(EmbeddedEngine(embedder).index(home))
+    return home
+
+
+@pytest.mark.parametrize("max_chars", [200, 350, 600, 1500, 4000])
+async def test_the_output_never_exceeds_max_chars(
+    embedder: OnnxEmbedder, long_home: Path, max_chars: int
+) -> None:
+    # Given hits whose passages and neighbours are each longer than the whole budget
+    engine = EmbeddedEngine(embedder, k=3, max_chars=max_chars)
+    # When recalled under a small and a large cap
+    output = await engine.recall(long_home, "MT-4471 rollout")
+    # Then the text fits, and still starts with a dated hit
+    assert 0 < len(output) <= max_chars
+    assert output.startswith("[2026-01-01 00:0")
+
+
+async def test_the_sources_are_left_untouched(engine: EmbeddedEngine, home: Path) -> None:
+    before = {p.name: p.read_bytes() for p in source_files(home)}
+    await engine.index(home)
+    await engine.recall(home, "MT-4471")
+    assert {p.name: p.read_bytes() for p in source_files(home)} == before
