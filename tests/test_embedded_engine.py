@@ -17,7 +17,13 @@ import pytest
 from recall.conversations import parse_conversation, source_files, write_conversation
 from recall.embedder import Embedder, ModelUnavailable, OnnxEmbedder, load_embedder
 from recall.engines.base import EngineError
-from recall.engines.embedded import EmbeddedEngine, db_path, fts_query
+from recall.engines.embedded import (
+    EmbeddedEngine,
+    coverage,
+    db_path,
+    fts_query,
+    query_terms,
+)
 
 # Conversation ids look like real ones so a leak into the output is easy to spot.
 CORPUS: dict[str, tuple[str, list[tuple[str, str]]]] = {
@@ -393,9 +399,9 @@ async def test_fts_syntax_in_a_query_is_plain_text(
 
 def test_the_fts_query_is_only_quoted_words() -> None:
     for query in FTS_SYNTAX:
-        match = fts_query(query)
+        match = fts_query(query_terms(query))
         assert match == "" or re.fullmatch(r'"\w+"( OR "\w+")*', match)
-    assert fts_query("MT-4471") == '"mt" OR "4471" OR "mt4471"'
+    assert fts_query(query_terms("MT-4471")) == '"mt" OR "4471" OR "mt4471"'
 
 
 async def test_an_empty_memory_or_query_gives_nothing(
@@ -489,3 +495,11 @@ async def test_the_sources_are_left_untouched(engine: EmbeddedEngine, home: Path
     await engine.index(home)
     await engine.recall(home, "MT-4471")
     assert {p.name: p.read_bytes() for p in source_files(home)} == before
+
+
+def test_a_passage_covering_the_whole_query_outranks_one_with_the_id_alone() -> None:
+    terms = query_terms("line L-382 impeller QC reject rate")
+    whole = "QC on line L-382 rejected 3.5% of units in the impeller batch, after a long morning."
+    id_only = "QC: line L-382 rejected 6.4% of gasket units."
+    other_line = "QC on line L-473 rejected 4.2% of impeller units."
+    assert coverage(terms, whole) > coverage(terms, id_only) > coverage(terms, other_line)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from recall.conversations import SOURCE_SUFFIX, read_source, source_files
-from recall.embedder import Embedder
+from recall.embedder import Embedder, release_freed_memory
 from recall.engines.base import EngineError
 
 log = logging.getLogger("recall.embedded")
@@ -65,6 +65,8 @@ IDS_COLUMN_WEIGHT = 8.0
 # recency reorders comparable hits without burying a strong old one under a weak new one.
 RECENCY_FLOOR = 0.5
 MAX_QUERY_TERMS = 32
+LEXICAL_POOL = 6  # x candidates: the BM25 rows re-ordered by query coverage
+ID_COVERAGE = 4
 
 # Output.
 NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shortened
@@ -154,12 +156,11 @@ def identifier_forms(text: str) -> list[str]:
     return forms
 
 
-def fts_query(query: str) -> str:
-    """The query as an OR of quoted terms: no FTS syntax (quotes, NEAR, *, :, -, AND) survives.
+def query_terms(query: str) -> list[str]:
+    """The words worth searching for, then the joined forms of the identifiers in the query.
 
-    Every term is a run of word characters wrapped in double quotes, so FTS5 reads it as a plain
-    string (tokenised and stemmed like the indexed text). Stopwords are dropped unless nothing
-    else is left: they match nearly every row, which costs time and adds noise.
+    Stopwords are dropped unless nothing else is left: they match nearly every row, which costs
+    time and adds noise.
     """
     words = WORD.findall(query.lower())
     # One-letter parts of ids (the "v" of V-1415, which "v1415" matches exactly) match thousands
@@ -168,8 +169,33 @@ def fts_query(query: str) -> str:
     terms = [w for w in words if w not in STOPWORDS and not (len(w) == 1 and w in id_letters)]
     terms = terms or words
     terms += identifier_forms(query)
-    unique = list(dict.fromkeys(terms))[:MAX_QUERY_TERMS]
-    return " OR ".join(f'"{t}"' for t in unique)
+    return list(dict.fromkeys(terms))[:MAX_QUERY_TERMS]
+
+
+def fts_query(terms: list[str]) -> str:
+    """An OR of quoted terms: no FTS syntax (quotes, NEAR, *, :, -, AND) survives.
+
+    Every term is a run of word characters wrapped in double quotes, so FTS5 reads it as a plain
+    string (tokenised and stemmed like the indexed text).
+    """
+    return " OR ".join(f'"{t}"' for t in terms)
+
+
+def coverage(terms: list[str], text: str) -> int:
+    """How much of the query a passage contains (a word counts by its stem-ish prefix; a whole
+    identifier counts as ID_COVERAGE words, so the id always outweighs a few shared words).
+
+    BM25 sums evidence per term, so a short passage with the id alone can beat the one passage
+    that has the id *and* the rest of the question ("line L-382 impeller QC"): among lexical
+    candidates, the one covering more of the query ranks first.
+    """
+    words = set(WORD.findall(text.lower()))
+    ids = set(identifier_forms(text))
+    return sum(
+        ID_COVERAGE if t in ids else 1
+        for t in terms
+        if t in ids or t in words or any(w.startswith(t[: max(4, len(t) - 2)]) for w in words)
+    )
 
 
 def _epoch(ts: str) -> float:
@@ -446,6 +472,8 @@ class EmbeddedEngine:
             raise EngineError(f"embedded index run failed: {exc}") from exc
         except OSError as exc:
             raise EngineError(f"embedded index run failed: {exc.strerror or exc}") from exc
+        finally:
+            release_freed_memory()
 
     def _reconcile(self, home: Path, path: Path) -> None:
         con = _connect(path, create=True)
@@ -582,8 +610,8 @@ class EmbeddedEngine:
         # BM25 runs on a worker thread while this one embeds the query: the two take about as
         # long, and SQLite and onnxruntime both release the GIL. The connection is used by one
         # thread at a time (this one waits for the result before touching it again).
-        match = fts_query(query)
-        future = self._pool.submit(self._bm25, con, match) if match else None
+        terms = query_terms(query)
+        future = self._pool.submit(self._bm25, con, terms) if terms else None
         try:
             qvec = self.embedder.embed([query])[0]
         finally:
@@ -620,12 +648,14 @@ class EmbeddedEngine:
         hits.sort(key=lambda h: (-h.score, h.id))
         return hits[: self.k]
 
-    def _bm25(self, con: sqlite3.Connection, match: str) -> list[int]:
+    def _bm25(self, con: sqlite3.Connection, terms: list[str]) -> list[int]:
+        # A wider BM25 pool, re-ordered by how much of the query each passage covers.
         rows = con.execute(
-            "SELECT rowid FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
-            (match, IDS_COLUMN_WEIGHT, self.candidates),
+            "SELECT rowid, text FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
+            (fts_query(terms), IDS_COLUMN_WEIGHT, self.candidates * LEXICAL_POOL),
         ).fetchall()
-        return [rowid for (rowid,) in rows]
+        ranked = sorted(enumerate(rows), key=lambda r: (-coverage(terms, r[1][1]), r[0]))
+        return [rowid for _, (rowid, _) in ranked[: self.candidates]]
 
     def _neighbours(self, con: sqlite3.Connection, hit: _Hit) -> list[tuple[str, str]]:
         """The turns just before and after the hit's, each as (label, one-line text)."""

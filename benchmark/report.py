@@ -1,0 +1,80 @@
+"""Redraw the results table in benchmark/README.md and results/chart.png from results/*.json."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+# The brief's published funes figures (funes 1.8, 4 CPUs, 4 GB, one process per call).
+FUNES_PUBLISHED = (
+    "| funes 1.8 (the brief, 4 CPUs) | 1,000-10,000 | 91-100% | 100% | ~200 ms | | 240 MB "
+    "| 20 min, 2 GB (10,000) | |"
+)
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{value * 100:.0f}%"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| engine | conversations | hit@3 long / short | hit@8 long / short "
+        "| e2e p50 / p95 (k=3, short) | engine alone p50 / p95 (short) | server RSS "
+        "| load (how, time, peak RSS) | disk per user |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in sorted(results, key=lambda r: (r["engine"], r["size"])):
+        how = "backfill" if "backfill_peak_rss_mb" in r else "POST /turns"
+        peak = f", {r['backfill_peak_rss_mb']} MB" if "backfill_peak_rss_mb" in r else ""
+        lines.append(
+            f"| {r['engine']} | {r['size']:,} "
+            f"| {_pct(r.get('hit@3_long'))} / {_pct(r.get('hit@3_short'))} "
+            f"| {_pct(r.get('hit@8_long'))} / {_pct(r.get('hit@8_short'))} "
+            f"| {r['e2e_k3_short']['p50_ms']} / {r['e2e_k3_short']['p95_ms']} ms "
+            f"| {r['engine_short']['p50_ms']} / {r['engine_short']['p95_ms']} ms "
+            f"| {r['server_rss_mb']} MB | {how}, {r['load_s']} s{peak} "
+            f"| {r['disk_per_user_mb']} MB |"
+        )
+    lines.append(FUNES_PUBLISHED)
+    machines = sorted({f"{r['machine']} ({r['date']})" for r in results})
+    lines += ["", "Measured on: " + "; ".join(machines) + "."]
+    return "\n".join(lines)
+
+
+def chart(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (quality, speed) = plt.subplots(1, 2, figsize=(11, 4))
+    for engine in sorted({r["engine"] for r in results}):
+        rows = sorted((r for r in results if r["engine"] == engine), key=lambda r: r["size"])
+        sizes = [r["size"] for r in rows]
+        for key, style in (("hit@3_long", "o-"), ("hit@3_short", "o--"),
+                           ("hit@8_long", "s-"), ("hit@8_short", "s--")):  # fmt: skip
+            quality.plot(sizes, [r[key] * 100 for r in rows], style, label=f"{engine} {key}")
+        for key, style in (("p50_ms", "o-"), ("p95_ms", "s--")):
+            speed.plot(sizes, [r["e2e_k3_short"][key] for r in rows], style,
+                       label=f"{engine} e2e {key[:3]}")  # fmt: skip
+    quality.set(xscale="log", xlabel="conversations", ylabel="hit rate (%)", title="Quality")
+    speed.set(xscale="log", xlabel="conversations", ylabel="ms", title="Recall latency (k=3)")
+    quality.legend(fontsize=7)
+    speed.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(results_dir: Path) -> None:
+    results = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
+    if not results:
+        return
+    readme = results_dir.parent / "README.md"
+    text = readme.read_text()
+    block = f"{BEGIN}\n{table(results)}\n{END}"
+    readme.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), block, text, flags=re.S))
+    chart(results, results_dir / "chart.png")

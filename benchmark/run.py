@@ -1,0 +1,264 @@
+"""The recall benchmark: the brief's synthetic history, asked through the real server's MCP tool.
+
+    python -m benchmark.run                       # sizes 1,000 3,000 10,000; embedded (+ funes)
+    python -m benchmark.run --sizes 100 --engines embedded --no-save
+    python -m benchmark.run --report              # redraw the README table and chart only
+
+Per size and engine: the history (benchmark/history.py) is loaded the way production loads it,
+through POST /turns for small sizes and through `recall-server backfill` for large ones; then a
+server with k=3 (the default settings) and one with k=8 (and a larger character cap) answer
+every question twice, as the long paraphrased question and as the short query an agent sends.
+A hit means the expected answer string is in the text the tool returned. Also measured: recall
+latency end to end (MCP call) and for the engine alone (in-process), server RSS with the index
+cached, time and peak RSS of the backfill, disk per user, and how long a new conversation takes
+to become searchable after its 202. funes runs when FUNES_BIN points at a binary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from fastmcp import Client
+
+from benchmark.history import History, Question, generate
+from recall.conversations import parse_conversation, user_dir_name
+from recall.devserver import ROOT, LocalServer
+from recall.engines import make_engine
+from recall.scheduler import needs_index
+from recall.settings import Settings
+
+RESULTS = ROOT / "benchmark" / "results"
+SIZES = (1_000, 3_000, 10_000)
+POST_UP_TO = 1_000  # larger histories go through the backfill command, as an operator would
+USER = "bench-user"
+CAP = {3: 4_000, 8: 12_000}  # k=8 needs room for eight passages (the brief: raise both together)
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else 0.0
+
+
+def timing(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(percentile(values, 0.5), 1),
+        "p95_ms": round(percentile(values, 0.95), 1),
+    }
+
+
+def tree_rss_mb(pid: int) -> float:
+    try:
+        process = psutil.Process(pid)
+        procs = [process, *process.children(recursive=True)]
+        return sum(p.memory_info().rss for p in procs) / 2**20
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def disk_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
+
+
+def server(workdir: Path, engine: str, k: int, token: str, key: str) -> LocalServer:
+    tokens_file = workdir / "tokens.json"
+    tokens_file.write_text(json.dumps({token: USER}))
+    settings = {"ENGINE": engine, "INGEST_KEY": key, "AUTH_TOKENS_FILE": str(tokens_file)}
+    settings.update(RECALL_K=str(k), MAX_RESULT_CHARS=str(CAP[k]), LOG_LEVEL="WARNING")
+    if os.environ.get("FUNES_BIN"):
+        settings["FUNES_BIN"] = os.environ["FUNES_BIN"]
+    log = workdir / f"server-k{k}.log"
+    return LocalServer.create(workdir / "data", log, {USER: token}, **settings)
+
+
+def wait_indexed(home: Path, engine: str, timeout: float = 3_600) -> None:
+    deadline = time.monotonic() + timeout
+    while needs_index(home, engine):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the index did not catch up")
+        time.sleep(0.2)
+
+
+def load_by_posting(live: LocalServer, history: History, engine: str) -> dict[str, float]:
+    started = time.monotonic()
+    for body in history.conversations:
+        status, answer = live.post(body)
+        if status != 202:
+            raise RuntimeError(f"POST /turns answered {status}: {answer}")
+    wait_indexed(live.home(USER), engine)
+    return {"load_s": round(time.monotonic() - started, 1)}
+
+
+def load_by_backfill(live: LocalServer, history: History, workdir: Path) -> dict[str, float]:
+    source = workdir / "history.jsonl"
+    source.write_text("".join(json.dumps(body) + "\n" for body in history.conversations))
+    command = [sys.executable, str(ROOT / "recall_server.py"), "backfill", str(source)]
+    started, peak = time.monotonic(), 0.0
+    with subprocess.Popen(command, env=live.env, stderr=subprocess.PIPE, text=True) as child:
+        while child.poll() is None:
+            peak = max(peak, tree_rss_mb(child.pid))
+            time.sleep(0.25)
+        if child.returncode != 0:
+            raise RuntimeError(
+                f"backfill failed: {child.stderr.read()[-500:] if child.stderr else ''}"
+            )
+    return {"load_s": round(time.monotonic() - started, 1), "backfill_peak_rss_mb": round(peak)}
+
+
+async def ask(live: LocalServer, questions: list[Question], k: int) -> dict[str, Any]:
+    """Every question, long and short, through one MCP session with the user's token."""
+    figures: dict[str, Any] = {}
+    misses: list[dict[str, str]] = []
+    async with Client(f"{live.url}/mcp", auth=live.tokens[USER]) as client:
+        for mode in ("long", "short"):
+            hits, latencies = 0, []
+            for q in questions:
+                query = q.question if mode == "long" else q.short_query
+                started = time.perf_counter()
+                result = await client.call_tool("recall_my_conversations", {"query": query})
+                latencies.append((time.perf_counter() - started) * 1000)
+                text = result.content[0].text  # type: ignore[union-attr]
+                if q.answer in text:
+                    hits += 1
+                else:
+                    headers = [line for line in text.splitlines() if line.startswith("[")]
+                    misses.append(
+                        {"k": str(k), "mode": mode, "query": query, "answer": q.answer}
+                        | {"ranked_above": " | ".join(headers)}
+                    )
+            figures[f"hit@{k}_{mode}"] = round(hits / len(questions), 3)
+            figures[f"e2e_k{k}_{mode}"] = timing(latencies)
+    figures[f"misses_k{k}"] = misses
+    return figures
+
+
+async def freshness(live: LocalServer) -> float:
+    """Seconds from a new conversation's 202 until the tool finds it (default debounce)."""
+    marker = f"FR-{secrets.randbelow(10**6):06d}"
+    texts = [f"Open a ticket {marker} for the leaking valve.", f"Ticket {marker} is open."] * 3
+    turns = [
+        {"role": ("user", "assistant")[n % 2], "text": text, "ts": f"2026-12-30T09:0{n}:00Z"}
+        for n, text in enumerate(texts)
+    ]
+    body = {"user": USER, "conversation_id": f"fresh-{marker}", "turns": turns}
+    started = time.monotonic()
+    assert live.post(body)[0] == 202
+    while marker not in await live.recall(USER, marker):
+        if time.monotonic() - started > 120:
+            return float("inf")
+        await asyncio.sleep(0.1)
+    return round(time.monotonic() - started, 2)
+
+
+async def engine_alone(data_dir: Path, engine: str, questions: list[Question]) -> dict[str, Any]:
+    """The engine in this process, no HTTP: load time and recall latency (index cached)."""
+    started = time.perf_counter()
+    searcher = make_engine(Settings(engine=engine, funes_bin=os.environ.get("FUNES_BIN")))
+    load_s = time.perf_counter() - started
+    home = data_dir / user_dir_name(USER)
+    await searcher.recall(home, "warm up")  # the first call loads and caches the vectors
+    figures: dict[str, Any] = {"engine_load_s": round(load_s, 2)}
+    for mode in ("long", "short"):
+        latencies = []
+        for q in questions:
+            started = time.perf_counter()
+            await searcher.recall(home, q.question if mode == "long" else q.short_query)
+            latencies.append((time.perf_counter() - started) * 1000)
+        figures[f"engine_{mode}"] = timing(latencies)
+    return figures
+
+
+def measure(size: int, engine: str, questions: int = 100, seed: int = 7) -> dict[str, Any]:
+    history = generate(size, seed=seed, questions=questions)
+    for body in history.conversations[:1]:
+        parse_conversation(body)  # fail early on a generator/validator mismatch
+    token, key = secrets.token_urlsafe(24), secrets.token_hex(16)
+    result: dict[str, Any] = {"size": size, "engine": engine, "questions": len(history.questions)}
+    with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-{size}-") as tmp:
+        workdir = Path(tmp)
+        for k in (3, 8):
+            live = server(workdir, engine, k, token, key)
+            if k == 3 and size > POST_UP_TO:
+                result.update(load_by_backfill(live, history, workdir))
+            live.start(timeout=120)
+            try:
+                if k == 3 and size <= POST_UP_TO:
+                    result.update(load_by_posting(live, history, engine))
+                result.update(asyncio.run(ask(live, history.questions, k)))
+                if k == 3:
+                    result["server_rss_mb"] = round(tree_rss_mb(live.process.pid))  # type: ignore[union-attr]
+                    result["disk_per_user_mb"] = round(disk_mb(live.home(USER)), 1)
+                    result["searchable_after_s"] = asyncio.run(freshness(live))
+            finally:
+                live.stop()
+        result.update(asyncio.run(engine_alone(workdir / "data", engine, history.questions)))
+    return result
+
+
+def machine() -> str:
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")), platform.processor()
+    )  # fmt: skip
+    memory = psutil.virtual_memory().total / 2**30
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB RAM, Python {platform.python_version()}"
+    )
+
+
+def print_result(result: dict[str, Any]) -> None:
+    shown = {k: v for k, v in result.items() if not k.startswith("misses")}
+    print(json.dumps(shown, indent=1))
+    for k in (3, 8):
+        for miss in result.get(f"misses_k{k}", []):
+            print(
+                f"  miss k={miss['k']} {miss['mode']}: {miss['query']!r} wants {miss['answer']!r}"
+            )
+            print(f"    returned: {miss['ranked_above'][:300]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the recall benchmark.")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--engines", nargs="+", default=None, help="default: embedded (+ funes)")
+    parser.add_argument("--questions", type=int, default=100)
+    parser.add_argument("--no-save", action="store_true", help="print only; keep results/ as is")
+    parser.add_argument("--report", action="store_true", help="only redraw table and chart")
+    args = parser.parse_args(argv)
+    from benchmark.report import write_report
+
+    if args.report:
+        write_report(RESULTS)
+        return 0
+    engines = args.engines or ["embedded", *(["funes"] if os.environ.get("FUNES_BIN") else [])]
+    for engine in engines:
+        for size in args.sizes:
+            started = time.monotonic()
+            result = measure(size, engine, args.questions)
+            result["machine"] = machine()
+            result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+            result["wall_s"] = round(time.monotonic() - started)
+            result["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+            print_result(result)
+            if not args.no_save:
+                RESULTS.mkdir(parents=True, exist_ok=True)
+                path = RESULTS / f"{engine}-{size}.json"
+                path.write_text(json.dumps(result, indent=1) + "\n")
+    if not args.no_save:
+        write_report(RESULTS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""recall-server as a child process on a free loopback port: for tests, benchmarks and demo runs.
+
+Started exactly as an operator starts it (`python recall_server.py` with environment settings),
+so whatever uses it exercises the real HTTP server, the real MCP transport and real tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastmcp import Client
+
+from recall.conversations import user_dir_name
+
+ROOT = Path(__file__).resolve().parent.parent
+# This machine's numpy safety settings (see the environment notes) travel with the child.
+PASSED_THROUGH = ("PATH", "LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LocalServer:
+    data_dir: Path
+    env: dict[str, str]  # the settings, e.g. {"INGEST_KEY": ..., "ENGINE": "embedded"}
+    tokens: dict[str, str]  # user -> bearer token
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def create(
+        cls, data_dir: Path, log_path: Path, tokens: dict[str, str], **settings: str
+    ) -> LocalServer:
+        env = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+        env.update(
+            HOME=str(log_path.parent),
+            HOST="127.0.0.1",
+            PORT=str(free_port()),
+            DATA_DIR=str(data_dir),
+            **settings,
+        )
+        return cls(data_dir=data_dir, env=env, tokens=tokens, log_path=log_path)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.env['PORT']}"
+
+    @property
+    def ingest_key(self) -> str:
+        return self.env["INGEST_KEY"]
+
+    def start(self, timeout: float = 60) -> LocalServer:
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "recall_server.py")],
+            env=self.env,
+            stdout=open(self.log_path, "ab"),  # noqa: SIM115 - the child owns it
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"server did not start:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def health(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/healthz", timeout=5) as response:
+            return json.loads(response.read())
+
+    def post(
+        self, body: Any, key: str | None = "default", raw: bytes | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """POST /turns as the gateway does; (status, JSON answer)."""
+        data = raw if raw is not None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}/turns", data=data, method="POST")
+        request.add_header("content-type", "application/json")
+        if key is not None:
+            request.add_header("x-ingest-key", self.ingest_key if key == "default" else key)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    async def recall(self, user: str, query: str) -> str:
+        """One tool call in its own MCP session, with the user's bearer token."""
+        async with Client(f"{self.url}/mcp", auth=self.tokens[user]) as client:
+            result = await client.call_tool("recall_my_conversations", {"query": query})
+            return result.content[0].text  # type: ignore[union-attr]
+
+    def home(self, user: str) -> Path:
+        return self.data_dir / user_dir_name(user)
