@@ -132,7 +132,9 @@ async def ask(live: LocalServer, questions: list[Question], k: int) -> dict[str,
                 if q.answer in text:
                     hits += 1
                 else:
-                    headers = [line for line in text.splitlines() if line.startswith("[")]
+                    # what ranked above the right passage: each returned hit's date and opening
+                    hits = [block.strip().splitlines() for block in text.split("\n---")]
+                    headers = [" ".join(lines[:2])[:160] for lines in hits if lines]
                     misses.append(
                         {"k": str(k), "mode": mode, "query": query, "answer": q.answer}
                         | {"ranked_above": " | ".join(headers)}

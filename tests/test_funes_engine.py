@@ -188,3 +188,13 @@ def test_server_refuses_to_start_without_a_safe_configuration(
         server.start(timeout=30)
     assert message in server.log()
     assert server.process is not None and server.process.returncode != 0
+
+
+async def test_no_query_token_or_user_in_the_logs(funes_server: Server) -> None:
+    seed_alice(funes_server)
+    await funes_server.recall("alice", "zanzibar-query MT-4471")
+    await funes_server.recall("bob", "zanzibar-query")
+    log = funes_server.log()
+    assert "recall for user" in log  # recalls are logged, by hash
+    for secret in ("zanzibar", "alice", "bob", "Priya", *funes_server.tokens.values()):
+        assert secret not in log
