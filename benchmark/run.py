@@ -133,8 +133,8 @@ async def ask(live: LocalServer, questions: list[Question], k: int) -> dict[str,
                     hits += 1
                 else:
                     # what ranked above the right passage: each returned hit's date and opening
-                    hits = [block.strip().splitlines() for block in text.split("\n---")]
-                    headers = [" ".join(lines[:2])[:160] for lines in hits if lines]
+                    blocks = [block.strip().splitlines() for block in text.split("\n---")]
+                    headers = [" ".join(lines[:2])[:160] for lines in blocks if lines]
                     misses.append(
                         {"k": str(k), "mode": mode, "query": query, "answer": q.answer}
                         | {"ranked_above": " | ".join(headers)}
