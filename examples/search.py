@@ -1,6 +1,6 @@
 """Call the recall tool from a terminal, as an agent would: no agent CLI needed.
 
-python examples/recall.py [--url URL] [--token demo-token-alice] "N-11 upgrade"
+python examples/search.py [--url URL] [--token demo-token-alice] "N-11 upgrade"
 """
 
 from __future__ import annotations
