@@ -22,6 +22,7 @@ from recall.engines.embedded import (
     coverage,
     db_path,
     fts_query,
+    is_common,
     query_terms,
 )
 
@@ -503,3 +504,10 @@ def test_a_passage_covering_the_whole_query_outranks_one_with_the_id_alone() -> 
     id_only = "QC: line L-382 rejected 6.4% of gasket units."
     other_line = "QC on line L-473 rejected 4.2% of impeller units."
     assert coverage(terms, whole) > coverage(terms, id_only) > coverage(terms, other_line)
+
+
+def test_common_words_are_recognised_through_their_stems() -> None:
+    common = frozenset({"valv", "line", "check"})
+    assert is_common("valves", common) and is_common("checking", common)
+    assert is_common("line", common)
+    assert not is_common("impeller", common) and not is_common("mt4471", common)

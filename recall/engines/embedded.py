@@ -67,6 +67,7 @@ RECENCY_FLOOR = 0.5
 MAX_QUERY_TERMS = 32
 LEXICAL_POOL = 6  # x candidates: the BM25 rows re-ordered by query coverage
 ID_COVERAGE = 4
+COMMON_SHARE, COMMON_MIN = 0.02, 200  # a word in more passages than this is "common"
 
 # Output.
 NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shortened
@@ -179,6 +180,12 @@ def fts_query(terms: list[str]) -> str:
     string (tokenised and stemmed like the indexed text).
     """
     return " OR ".join(f'"{t}"' for t in terms)
+
+
+def is_common(word: str, common_stems: frozenset[str]) -> bool:
+    """Whether a query word is one of the index's common words. The index holds porter stems
+    ("valv" for "valves"), so the word itself or the word less a suffix of up to 3 letters."""
+    return any(word[:n] in common_stems for n in range(max(len(word) - 3, 3), len(word) + 1))
 
 
 def coverage(terms: list[str], text: str) -> int:
@@ -321,6 +328,7 @@ class _Vectors:
     ids: np.ndarray  # int64 chunk rowids, row i of the matrix is ids[i]
     matrix: np.ndarray  # float32, n x dim, unit rows
     newest: float  # epoch of the newest turn: recency is relative to the user's own history
+    common: frozenset[str]  # stems found in more than COMMON_SHARE of the passages
 
 
 @dataclass
@@ -611,7 +619,7 @@ class EmbeddedEngine:
         # long, and SQLite and onnxruntime both release the GIL. The connection is used by one
         # thread at a time (this one waits for the result before touching it again).
         terms = query_terms(query)
-        future = self._pool.submit(self._bm25, con, terms) if terms else None
+        future = self._pool.submit(self._bm25, con, terms, vectors.common) if terms else None
         try:
             qvec = self.embedder.embed([query])[0]
         finally:
@@ -648,11 +656,14 @@ class EmbeddedEngine:
         hits.sort(key=lambda h: (-h.score, h.id))
         return hits[: self.k]
 
-    def _bm25(self, con: sqlite3.Connection, terms: list[str]) -> list[int]:
+    def _bm25(self, con: sqlite3.Connection, terms: list[str], common: frozenset[str]) -> list[int]:
+        # Common words ("line", "valves") add almost nothing to BM25 but make FTS5 score much
+        # of the table: they count toward coverage only.
+        searched = [t for t in terms if not is_common(t, common)] or terms
         # A wider BM25 pool, re-ordered by how much of the query each passage covers.
         rows = con.execute(
             "SELECT rowid, text FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
-            (fts_query(terms), IDS_COLUMN_WEIGHT, self.candidates * LEXICAL_POOL),
+            (fts_query(searched), IDS_COLUMN_WEIGHT, self.candidates * LEXICAL_POOL),
         ).fetchall()
         ranked = sorted(enumerate(rows), key=lambda r: (-coverage(terms, r[1][1]), r[0]))
         return [rowid for _, (rowid, _) in ranked[: self.candidates]]
@@ -693,7 +704,12 @@ class EmbeddedEngine:
             ids[n] = rowid
             matrix[n] = np.frombuffer(vec, dtype=np.float32)
             newest = max(newest, epoch)
-        vectors = _Vectors(generation, ids, matrix, newest)
+        con.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING fts5vocab(main, fts, row)")
+        floor = max(COMMON_SHARE * count, COMMON_MIN)
+        common = frozenset(
+            t for (t,) in con.execute("SELECT term FROM vocab WHERE doc > ?", (floor,))
+        )
+        vectors = _Vectors(generation, ids, matrix, newest, common)
         with self._cache_lock:
             self._cache[key] = vectors
             self._cache.move_to_end(key)
