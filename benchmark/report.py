@@ -57,11 +57,14 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
         for key, style in (("hit@3_long", "o-"), ("hit@3_short", "o--"),
                            ("hit@8_long", "s-"), ("hit@8_short", "s--")):  # fmt: skip
             quality.plot(sizes, [r[key] * 100 for r in rows], style, label=f"{engine} {key}")
-        for key, style in (("p50_ms", "o-"), ("p95_ms", "s--")):
-            speed.plot(sizes, [r["e2e_k3_short"][key] for r in rows], style,
-                       label=f"{engine} e2e {key[:3]}")  # fmt: skip
-    quality.set(xscale="log", xlabel="conversations", ylabel="hit rate (%)", title="Quality")
-    speed.set(xscale="log", xlabel="conversations", ylabel="ms", title="Recall latency (k=3)")
+        for leg, name in (("e2e_k3_short", "MCP call"), ("engine_short", "engine alone")):
+            for key, style in (("p50_ms", "o-"), ("p95_ms", "s--")):
+                speed.plot(sizes, [r[leg][key] for r in rows], style,
+                           label=f"{engine} {name} {key[:3]}")  # fmt: skip
+    quality.set(xscale="log", xlabel="conversations", ylabel="hit rate (%)", title="Quality",
+                ylim=(80, 101))  # fmt: skip
+    speed.set(xscale="log", xlabel="conversations", ylabel="ms", ylim=(0, None),
+              title="Recall latency, short queries (k=3)")  # fmt: skip
     quality.legend(fontsize=7)
     speed.legend(fontsize=7)
     fig.tight_layout()
