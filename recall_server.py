@@ -39,14 +39,13 @@ from starlette.responses import JSONResponse
 from recall.auth import ConfigError, build_verifier, user_from_token
 from recall.conversations import (
     InvalidConversation,
-    Limits,
     parse_conversation,
     user_dir_name,
     write_conversation,
 )
 from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
-from recall.scheduler import IndexScheduler, mark_indexed, needs_index, sources_fingerprint
+from recall.scheduler import IndexScheduler, index_and_mark, needs_index
 from recall.settings import Settings
 
 log = logging.getLogger("recall")
@@ -102,7 +101,7 @@ def create_app(settings: Settings) -> Starlette:
     engine = make_engine(settings)
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    limits = Limits(max_turns=settings.max_turns, max_text_chars=settings.max_text_chars)
+    limits = settings.limits()
     ingest_key = settings.ingest_key.encode()
     recall_slots = asyncio.Semaphore(settings.recall_concurrency)
 
@@ -110,10 +109,8 @@ def create_app(settings: Settings) -> Starlette:
         return data_dir / user_dir_name(user)
 
     async def index_user(user_home: Path) -> None:
-        fingerprint = sources_fingerprint(user_home)  # taken first: a write during the run re-runs
         started = time.monotonic()
-        await engine.index(user_home)
-        mark_indexed(user_home, engine.name, fingerprint)
+        await index_and_mark(engine, user_home)
         log.info("indexed user %s in %.2fs", user_home.name, time.monotonic() - started)
 
     scheduler = IndexScheduler(index_user, settings.index_debounce)

@@ -33,10 +33,9 @@ import psutil
 from fastmcp import Client
 
 from benchmark.history import History, Question, generate
-from recall.conversations import parse_conversation, user_dir_name
+from recall.conversations import user_dir_name
 from recall.devserver import ROOT, LocalServer
 from recall.engines import make_engine
-from recall.scheduler import needs_index
 from recall.settings import Settings
 
 RESULTS = ROOT / "benchmark" / "results"
@@ -82,21 +81,13 @@ def server(workdir: Path, engine: str, k: int, token: str, key: str) -> LocalSer
     return LocalServer.create(workdir / "data", log, {USER: token}, **settings)
 
 
-def wait_indexed(home: Path, engine: str, timeout: float = 3_600) -> None:
-    deadline = time.monotonic() + timeout
-    while needs_index(home, engine):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the index did not catch up")
-        time.sleep(0.2)
-
-
-def load_by_posting(live: LocalServer, history: History, engine: str) -> dict[str, float]:
+def load_by_posting(live: LocalServer, history: History) -> dict[str, float]:
     started = time.monotonic()
     for body in history.conversations:
         status, answer = live.post(body)
         if status != 202:
             raise RuntimeError(f"POST /turns answered {status}: {answer}")
-    wait_indexed(live.home(USER), engine)
+    live.wait_indexed(USER, timeout=3_600)
     return {"load_s": round(time.monotonic() - started, 1)}
 
 
@@ -183,8 +174,6 @@ async def engine_alone(data_dir: Path, engine: str, questions: list[Question]) -
 
 def measure(size: int, engine: str, questions: int = 100, seed: int = 7) -> dict[str, Any]:
     history = generate(size, seed=seed, questions=questions)
-    for body in history.conversations[:1]:
-        parse_conversation(body)  # fail early on a generator/validator mismatch
     token, key = secrets.token_urlsafe(24), secrets.token_hex(16)
     result: dict[str, Any] = {"size": size, "engine": engine, "questions": len(history.questions)}
     with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-{size}-") as tmp:
@@ -193,17 +182,14 @@ def measure(size: int, engine: str, questions: int = 100, seed: int = 7) -> dict
             live = server(workdir, engine, k, token, key)
             if k == 3 and size > POST_UP_TO:
                 result.update(load_by_backfill(live, history, workdir))
-            live.start(timeout=120)
-            try:
+            with live.start(timeout=120):
                 if k == 3 and size <= POST_UP_TO:
-                    result.update(load_by_posting(live, history, engine))
+                    result.update(load_by_posting(live, history))
                 result.update(asyncio.run(ask(live, history.questions, k)))
                 if k == 3:
                     result["server_rss_mb"] = round(tree_rss_mb(live.process.pid))  # type: ignore[union-attr]
                     result["disk_per_user_mb"] = round(disk_mb(live.home(USER)), 1)
                     result["searchable_after_s"] = asyncio.run(freshness(live))
-            finally:
-                live.stop()
         result.update(asyncio.run(engine_alone(workdir / "data", engine, history.questions)))
     return result
 

@@ -25,10 +25,7 @@ from pathlib import Path
 
 from fastmcp import Client
 
-from recall.conversations import user_dir_name
 from recall.devserver import LocalServer
-from recall.engines.base import NO_MEMORY
-from recall.scheduler import needs_index
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS_FILE = ROOT / "examples" / "tokens.json"
@@ -65,18 +62,6 @@ async def recall(url: str, token: str, query: str) -> tuple[str, float]:
         started = time.perf_counter()
         result = await client.call_tool("recall_my_conversations", {"query": query})
         return result.content[0].text, time.perf_counter() - started  # type: ignore[union-attr]
-
-
-async def wait_for_index(url: str, tokens: dict[str, str], data_dir: Path) -> float:
-    """Poll until both users get answers and no index run lags behind the sources."""
-    started = time.monotonic()
-    while time.monotonic() - started < INDEX_TIMEOUT:
-        answers = [(await recall(url, token, "N-11"))[0] for token in tokens.values()]
-        lagging = [needs_index(data_dir / user_dir_name(user), "embedded") for user in tokens]
-        if NO_MEMORY not in answers and not any(lagging):
-            return time.monotonic() - started
-        await asyncio.sleep(0.5)
-    raise RuntimeError(f"the index was not ready after {INDEX_TIMEOUT:.0f}s")
 
 
 def fenced(text: str) -> str:
@@ -120,7 +105,9 @@ def run(out: Path) -> None:
                 raise RuntimeError(f"seeding failed: {seeded.stderr.strip()}")
             seed_s = time.monotonic() - started
             posts = seeded.stdout.split()[-4]  # the last line: "posted N times to URL/turns"
-            index_s = asyncio.run(wait_for_index(server.url, tokens, server.data_dir))
+            started = time.monotonic()
+            server.wait_indexed(*tokens, timeout=INDEX_TIMEOUT)
+            index_s = time.monotonic() - started
             print(f"seeded: {posts} posts in {seed_s:.1f}s, index {index_s:.1f}s", file=sys.stderr)
             lines = [
                 "# Recall runs: the demo's five questions, the tool's answers verbatim",

@@ -31,7 +31,7 @@ from recall.conversations import (
 )
 from recall.engines import make_engine
 from recall.engines.base import Engine, EngineError
-from recall.scheduler import mark_indexed, sources_fingerprint
+from recall.scheduler import index_and_mark
 from recall.settings import Settings
 
 BATCH = 500  # conversations written between index runs: progress granularity vs. run overhead
@@ -106,9 +106,7 @@ async def backfill(settings: Settings, engine: Engine, conversations: list[Conve
         for start in range(0, len(items), BATCH):
             for conversation in items[start : start + BATCH]:
                 write_conversation(home, conversation)
-            fingerprint = sources_fingerprint(home)
-            await engine.index(home)
-            mark_indexed(home, engine.name, fingerprint)
+            await index_and_mark(engine, home)
             done += len(items[start : start + BATCH])
             progress.update(done)
     return done
@@ -125,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     settings = Settings()
-    limits = Limits(max_turns=settings.max_turns, max_text_chars=settings.max_text_chars)
+    limits = settings.limits()
     conversations, refused = load(args.source, limits)
     for reason in refused:
         print(f"refused {reason}", file=sys.stderr)

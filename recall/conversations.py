@@ -143,6 +143,7 @@ def write_conversation(home: Path, conversation: Conversation) -> Path:
     posts of one conversation safe: each rename installs one complete file, the last one wins.
     """
     src = home / "src"
+    created = [d for d in (home, src) if not d.exists()]
     src.mkdir(parents=True, exist_ok=True)
     target = src / f"{conversation.conversation_id}{SOURCE_SUFFIX}"
     tmp = src / f".{conversation.conversation_id}.{uuid.uuid4().hex}.tmp"
@@ -154,8 +155,9 @@ def write_conversation(home: Path, conversation: Conversation) -> Path:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(src)
-    _fsync_dir(home)
+    _fsync_dir(src)  # the rename
+    for directory in created:  # a new user or src directory: its own entry must be durable too
+        _fsync_dir(directory.parent)
     return target
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from fastmcp import Client
 
 from recall.conversations import user_dir_name
+from recall.scheduler import needs_index
 
 ROOT = Path(__file__).resolve().parent.parent
 # This machine's numpy safety settings (see the environment notes) travel with the child.
@@ -82,6 +83,21 @@ class LocalServer:
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"server did not start:\n{self.log()}")
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def wait_indexed(self, *users: str, timeout: float = 180) -> None:
+        """Until no index run lags behind these users' sources (the server's own marker)."""
+        engine = self.health()["engine"]
+        deadline = time.monotonic() + timeout
+        while any(needs_index(self.home(user), engine) for user in users):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"index not ready after {timeout:.0f}s:\n{self.log()[-2000:]}")
+            time.sleep(0.2)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

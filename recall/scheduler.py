@@ -12,10 +12,11 @@ import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from recall.conversations import source_files
+from recall.engines.base import Engine
 
 log = logging.getLogger("recall.index")
 
@@ -26,7 +27,6 @@ IndexFn = Callable[[Path], Awaitable[None]]
 class _UserState:
     dirty: bool = False
     task: asyncio.Task[None] | None = None
-    runs: int = field(default=0)
 
 
 class IndexScheduler:
@@ -47,16 +47,10 @@ class IndexScheduler:
             state.dirty = False
             try:
                 await self._index(home)
-                state.runs += 1
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # logged, retried at the next write
                 log.warning("index run failed for user %s: %s", home.name, exc)
-
-    async def idle(self) -> None:
-        """Wait until no run is pending (for tests, the backfill and shutdown)."""
-        while tasks := [s.task for s in self._users.values() if s.task and not s.task.done()]:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
         tasks = [s.task for s in self._users.values() if s.task and not s.task.done()]
@@ -79,6 +73,13 @@ def sources_fingerprint(home: Path) -> str:
 
 def _marker(home: Path, engine: str) -> Path:
     return home / f"indexed-{engine}.json"
+
+
+async def index_and_mark(engine: Engine, home: Path) -> None:
+    """One index run; on success, record which sources it covered."""
+    fingerprint = sources_fingerprint(home)  # taken first: a write during the run re-runs
+    await engine.index(home)
+    mark_indexed(home, engine.name, fingerprint)
 
 
 def mark_indexed(home: Path, engine: str, fingerprint: str) -> None:

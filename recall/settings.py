@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from recall.conversations import Limits
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
@@ -60,6 +62,10 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_path_is_unset(cls, value: object) -> object:
         return value or None
+
+    def limits(self) -> Limits:
+        """What one posted conversation may hold (the route and the backfill apply the same)."""
+        return Limits(max_turns=self.max_turns, max_text_chars=self.max_text_chars)
 
     def problems(self) -> list[str]:
         """Reasons this configuration must not serve; empty when it may."""

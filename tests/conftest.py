@@ -33,9 +33,8 @@ class FakeFunes:
         (self.folder / "control.json").write_text(json.dumps(settings))
 
     def calls(self, command: str | None = None) -> list[dict[str, Any]]:
-        log = self.folder / "calls.jsonl"
-        events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-        starts = [e for e in events if e["event"] == "start"]
+        """The start event of every call (of one command), in order."""
+        starts = [e for e in self.events() if e["event"] == "start"]
         return [e for e in starts if command is None or e["argv"][:1] == [command]]
 
     def events(self) -> list[dict[str, Any]]:

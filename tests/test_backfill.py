@@ -57,9 +57,6 @@ async def test_a_server_started_after_a_backfill_answers_at_once(tmp_path: Path)
     (source / "c1.json").write_text(json.dumps(body))
     assert run_backfill(tmp_path, source).returncode == 0
 
-    server = make_server(tmp_path, ENGINE="embedded").start()
-    try:
+    with make_server(tmp_path, ENGINE="embedded").start() as server:
         assert "MT-4471" in await server.recall("alice", "MT-4471 K-2")
         assert "indexed user" not in server.log()  # nothing left to catch up on
-    finally:
-        server.stop()

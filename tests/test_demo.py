@@ -4,35 +4,20 @@ an agent sends. Each of the demo's five questions finds its facts; bob's chat st
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
 from conftest import ROOT, Server, make_server
 
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
-from recall.scheduler import needs_index
 
 DEMO_TOKENS = ROOT / "examples" / "tokens.json"
 SEEDER = ROOT / "seeds" / "seed.py"
 INDEX_TIMEOUT = 180.0  # seconds for both users' index runs to catch up after seeding
-
-
-def wait_until_indexed(server: Server) -> None:
-    """Both users answer from memory and no index run lags behind their sources."""
-    deadline = time.monotonic() + INDEX_TIMEOUT
-    while time.monotonic() < deadline:
-        answers = [asyncio.run(server.recall(user, "N-11")) for user in ("alice", "bob")]
-        lagging = [needs_index(server.home(user), "embedded") for user in ("alice", "bob")]
-        if NO_MEMORY not in answers and not any(lagging):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"index not ready after {INDEX_TIMEOUT:.0f}s:\n{server.log()[-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +38,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             timeout=120,
         )
         assert seeded.returncode == 0, seeded.stderr
-        wait_until_indexed(server)
+        server.wait_indexed("alice", "bob", timeout=INDEX_TIMEOUT)
         yield server
     finally:
         server.stop()

@@ -44,14 +44,13 @@ async def test_query_is_cut_at_500_characters(funes_server: Server, fake_funes: 
 
 async def test_funes_runs_with_a_cleared_environment(tmp_path: Path, fake_funes: FakeFunes) -> None:
     models = tmp_path / "models"
-    server = make_server(
+    with make_server(
         tmp_path,
         ENGINE="funes",
         FUNES_BIN=str(fake_funes.path),
         HF_HOME=str(models),
         SECRET_THING="must-not-leak",
-    ).start()
-    try:
+    ).start() as server:
         seed_alice(server)
         await server.recall("alice", "MT-4471")
         for call in fake_funes.calls():
@@ -63,8 +62,6 @@ async def test_funes_runs_with_a_cleared_environment(tmp_path: Path, fake_funes:
                 "HF_HUB_OFFLINE": "1",
                 "PATH": server.env["PATH"],
             }
-    finally:
-        server.stop()
 
 
 async def test_hint_lines_are_removed_and_passages_kept(
@@ -83,16 +80,13 @@ def test_hint_pattern_removes_every_hint_line_and_nothing_else() -> None:
 
 
 async def test_result_is_capped_at_max_result_chars(tmp_path: Path, fake_funes: FakeFunes) -> None:
-    server = make_server(
+    with make_server(
         tmp_path, ENGINE="funes", FUNES_BIN=str(fake_funes.path), MAX_RESULT_CHARS="1000"
-    ).start()
-    try:
+    ).start() as server:
         seed_alice(server)
         fake_funes.control(mode="big")
         answer = await server.recall("alice", "MT-4471")
         assert 900 < len(answer) <= 1000
-    finally:
-        server.stop()
 
 
 async def test_no_results_and_empty_output_say_nothing_found(
@@ -130,10 +124,9 @@ async def test_missing_binary_gives_the_fail_soft_text(
 async def test_timeout_fails_soft_in_time_and_leaves_no_process(
     tmp_path: Path, fake_funes: FakeFunes
 ) -> None:
-    server = make_server(
+    with make_server(
         tmp_path, ENGINE="funes", FUNES_BIN=str(fake_funes.path), RECALL_TIMEOUT="1"
-    ).start()
-    try:
+    ).start() as server:
         seed_alice(server)
         fake_funes.control(mode="sleep", sleep=60, spawn_child=True)
         started = time.monotonic()
@@ -143,8 +136,6 @@ async def test_timeout_fails_soft_in_time_and_leaves_no_process(
         child_pid = next(e["pid"] for e in fake_funes.events() if e["event"] == "child")
         wait_for(lambda: not alive(recall_pid) and not alive(child_pid), timeout=5)
         assert "timed out" in server.log()
-    finally:
-        server.stop()
 
 
 def alive(pid: int) -> bool:

@@ -41,19 +41,15 @@ def start(tmp_path: Path, funes: FakeFunes, **env: str) -> Server:
 
 
 def test_a_burst_of_twenty_posts_gives_one_index_run(tmp_path: Path, fake_funes: FakeFunes) -> None:
-    server = start(tmp_path, fake_funes, INDEX_DEBOUNCE="1.5")
-    try:
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="1.5") as server:
         for i in range(20):
             post(server, "alice", "burst", n=i + 1)  # the gateway re-posts after every turn
         assert len(settle(fake_funes, 1)) == 1
-    finally:
-        server.stop()
 
 
 def test_a_post_during_a_run_earns_exactly_one_more(tmp_path: Path, fake_funes: FakeFunes) -> None:
     fake_funes.control(index_sleep=1.5)
-    server = start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.2")
-    try:
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.2") as server:
         post(server, "alice", "first")
         wait_for(lambda: len(fake_funes.calls("index")) == 1)
         for i in range(5):
@@ -62,55 +58,42 @@ def test_a_post_during_a_run_earns_exactly_one_more(tmp_path: Path, fake_funes: 
         assert len(done) == 2
         first, second = sorted(done, key=lambda r: r["start"])
         assert second["start"] >= first["end"]  # never two runs for one user at once
-    finally:
-        server.stop()
 
 
 def test_two_users_index_in_parallel(tmp_path: Path, fake_funes: FakeFunes) -> None:
     fake_funes.control(index_sleep=1.5)
-    server = start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1")
-    try:
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1") as server:
         post(server, "alice", "a1")
         post(server, "bob", "b1")
         alice, bob = sorted(settle(fake_funes, 2, quiet=0.5), key=lambda r: r["home"])
         assert alice["home"] != bob["home"]
         assert alice["start"] < bob["end"] and bob["start"] < alice["end"]  # overlapping runs
-    finally:
-        server.stop()
 
 
 def test_restart_indexes_what_changed_and_only_that(tmp_path: Path, fake_funes: FakeFunes) -> None:
     # A long debounce, then a stop: the write is on disk but was never indexed.
-    server = start(tmp_path, fake_funes, INDEX_DEBOUNCE="60")
-    post(server, "alice", "before-crash")
-    post(server, "bob", "bob-chat")
-    server.stop()
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="60") as server:
+        post(server, "alice", "before-crash")
+        post(server, "bob", "bob-chat")
     assert fake_funes.calls("index") == []
 
     server.env["INDEX_DEBOUNCE"] = "0.1"
-    server.start()
-    try:
+    with server.start():
         homes = {r["home"] for r in settle(fake_funes, 2)}
         assert homes == {str(server.home("alice")), str(server.home("bob"))}
-    finally:
-        server.stop()
 
     # Nothing changed since: a second restart runs nothing; a file changed behind our back does.
     (server.home("bob") / "src" / "bob-chat.funes.jsonl").touch()
-    server.start()
-    try:
+    with server.start():
         done = settle(fake_funes, 3)
         assert len(done) == 3 and done[-1]["home"] == str(server.home("bob"))
-    finally:
-        server.stop()
 
 
 def test_a_failed_run_is_logged_by_hash_and_retried_at_the_next_write(
     tmp_path: Path, fake_funes: FakeFunes
 ) -> None:
     fake_funes.control(index_fail=True)
-    server = start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1")
-    try:
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1") as server:
         post(server, "alice", "c1")
         wait_for(lambda: "index run failed" in server.log())
         assert server.home("alice").name in server.log() and "alice" not in server.log()
@@ -120,5 +103,3 @@ def test_a_failed_run_is_logged_by_hash_and_retried_at_the_next_write(
         post(server, "alice", "c2")
         wait_for(lambda: (server.home("alice") / "indexed-funes.json").exists())
         assert len(fake_funes.calls("index")) == 2
-    finally:
-        server.stop()
