@@ -3,20 +3,69 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from fastmcp.server.auth import AccessToken, TokenVerifier
 from fastmcp.server.auth.providers.jwt import JWTVerifier, StaticTokenVerifier
 
 from recall.settings import Settings
 
+log = logging.getLogger(__name__)
+
+# FastMCP's verifiers log here, and name the caller (client_id, azp or sub: often the user).
+FASTMCP_VERIFIER_LOGGER = "fastmcp.server.auth.providers.jwt"
+# What a refusal line from that logger becomes: its template's reason, never its arguments.
+REFUSAL_REASONS = (
+    ("expired", "token expired"),
+    ("not yet valid", "token not yet valid"),
+    ("issuer mismatch", "issuer mismatch"),
+    ("audience mismatch", "audience mismatch"),
+    ("scopes", "missing required scopes"),
+    ("signature/format", "signature or format invalid"),
+)
+
 
 class ConfigError(Exception):
     """The server cannot start with this configuration."""
 
 
+class CallerNamesWithheld(logging.Filter):
+    """Rewrites FastMCP's verifier lines to a fixed text, so no claim value reaches the log.
+
+    Lines about the key set (JWKS) pass as they are: they quote the identity provider's keys,
+    not a caller, and an operator needs them to fix a key setup.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        template = str(record.msg)
+        if "JWKS" in template:
+            return True
+        reason = next((text for mark, text in REFUSAL_REASONS if mark in template), None)
+        record.msg = f"bearer token refused: {reason or 'invalid token (details withheld)'}"
+        record.args = ()
+        record.exc_info = record.exc_text = None
+        return True
+
+
+CALLER_NAMES_WITHHELD = CallerNamesWithheld()  # one instance: installing it twice is a no-op
+
+
+class ExpiringJWTVerifier(JWTVerifier):
+    """FastMCP's JWTVerifier, but a token without `exp` is refused: it would be valid forever."""
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        access = await super().load_access_token(token)
+        if access is not None and access.expires_at is None:
+            log.info("bearer token refused: no exp claim")
+            return None
+        return access
+
+
 def build_verifier(settings: Settings) -> TokenVerifier:
+    logging.getLogger(FASTMCP_VERIFIER_LOGGER).addFilter(CALLER_NAMES_WITHHELD)
     if settings.jwt_jwks_uri or settings.jwt_public_key:
-        return JWTVerifier(
+        # Settings.problems() has made sure issuer and audience are set.
+        return ExpiringJWTVerifier(
             public_key=settings.jwt_public_key,
             jwks_uri=settings.jwt_jwks_uri,
             issuer=settings.jwt_issuer,

@@ -10,6 +10,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from recall.conversations import Limits
 
+# Words that mark a key copied from a sample rather than generated (compared lowercased).
+PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "example", "placeholder")
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
@@ -19,14 +22,15 @@ class Settings(BaseSettings):
     data_dir: Path = Path("recall-data")
     log_level: str = "INFO"
 
-    # Write path. The key guards an internal route the chat gateway calls; 16+ chars so a
-    # typo'd or placeholder value cannot start a server.
+    # Write path. The key guards an internal route the chat gateway calls; 16+ chars, and no
+    # placeholder, so a typo'd or copied sample value cannot start a server.
     ingest_key: str = ""
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_turns: int = Field(5_000, ge=1)
     max_text_chars: int = Field(200_000, ge=1)
 
-    # Read path identity: a demo token map, or JWTs from the company's identity provider.
+    # Read path identity: a demo token map, or JWTs from the company's identity provider. JWT mode
+    # requires an issuer and an audience: the key alone would accept any token it ever signed.
     auth_tokens_file: Path | None = None
     jwt_jwks_uri: str | None = None
     jwt_public_key: str | None = None
@@ -72,10 +76,29 @@ class Settings(BaseSettings):
         found = []
         if len(self.ingest_key) < 16:
             found.append("INGEST_KEY must be set to at least 16 characters")
+        elif is_placeholder_key(self.ingest_key):
+            found.append(
+                "INGEST_KEY looks like a placeholder, not a secret: generate one, e.g. "
+                "python3 -c 'import secrets; print(secrets.token_hex(16))'"
+            )
         if not (self.auth_tokens_file or self.jwt_jwks_uri or self.jwt_public_key):
             found.append("set AUTH_TOKENS_FILE or JWT_JWKS_URI/JWT_PUBLIC_KEY to verify tokens")
         if self.auth_tokens_file and (self.jwt_jwks_uri or self.jwt_public_key):
             found.append("set either AUTH_TOKENS_FILE or JWT_*, not both")
         if self.jwt_jwks_uri and self.jwt_public_key:
             found.append("set either JWT_JWKS_URI or JWT_PUBLIC_KEY, not both")
+        if self.jwt_jwks_uri or self.jwt_public_key:
+            expected = {"JWT_ISSUER": self.jwt_issuer, "JWT_AUDIENCE": self.jwt_audience}
+            missing = [name for name, value in expected.items() if not value]
+            if missing:
+                found.append(
+                    f"JWT mode requires {' and '.join(missing)}: without them a token the key "
+                    "signed for another service or issuer would be accepted"
+                )
         return found
+
+
+def is_placeholder_key(key: str) -> bool:
+    """A sample value (e.g. compose's old default) or one character repeated: not a secret."""
+    lowered = key.lower()
+    return len(set(key)) == 1 or any(mark in lowered for mark in PLACEHOLDER_MARKS)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import secrets
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FakeFunes, Server, conversation, make_server, wait_for
 from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
+from joserfc import jwk, jwt
 
 from recall.engines.base import NO_MEMORY
 
@@ -79,18 +84,34 @@ async def test_the_query_cannot_choose_whose_memory_is_searched(
     assert fake_funes.calls("recall") == []
 
 
+def claims(**overrides: object) -> dict[str, Any]:
+    """A good token's claims with some changed; a claim set to None is left out."""
+    now = int(time.time())
+    good = {"sub": "u", "iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 600}
+    return {k: v for k, v in {**good, **overrides}.items() if v is not None}
+
+
+def signed(keys: RSAKeyPair, payload: dict[str, Any]) -> str:
+    """A JWT with exactly these claims (RSAKeyPair.create_token always adds exp)."""
+    private_key = jwk.RSAKey.import_key(keys.private_key.get_secret_value())
+    return jwt.encode({"alg": "RS256"}, payload, private_key)
+
+
+def jwt_settings(keys: RSAKeyPair, fake_funes: FakeFunes) -> dict[str, str]:
+    return {
+        "ENGINE": "funes",
+        "FUNES_BIN": str(fake_funes.path),
+        "AUTH_TOKENS_FILE": "",
+        "JWT_PUBLIC_KEY": keys.public_key,
+        "JWT_ISSUER": ISSUER,
+        "JWT_AUDIENCE": AUDIENCE,
+    }
+
+
 @pytest.fixture
-def jwt_server(tmp_path: Path, fake_funes: FakeFunes) -> tuple[Server, RSAKeyPair]:
+def jwt_server(tmp_path: Path, fake_funes: FakeFunes) -> Iterator[tuple[Server, RSAKeyPair]]:
     keys = RSAKeyPair.generate()
-    server = make_server(
-        tmp_path,
-        ENGINE="funes",
-        FUNES_BIN=str(fake_funes.path),
-        AUTH_TOKENS_FILE="",
-        JWT_PUBLIC_KEY=keys.public_key,
-        JWT_ISSUER=ISSUER,
-        JWT_AUDIENCE=AUDIENCE,
-    ).start()
+    server = make_server(tmp_path, **jwt_settings(keys, fake_funes)).start()
     yield server, keys
     server.stop()
 
@@ -112,15 +133,67 @@ async def test_a_jwt_signed_by_the_trusted_key_is_accepted_and_names_the_user(
     assert fake_funes.calls("recall")[-1]["env"]["FUNES_HOME"] == str(server.home("user-123"))
 
 
-def test_a_jwt_for_another_audience_or_issuer_or_key_is_refused(
+def test_a_jwt_for_another_audience_or_issuer_or_key_or_without_a_live_exp_is_refused(
     jwt_server: tuple[Server, RSAKeyPair],
 ) -> None:
+    # given a server that trusts one key, for one issuer and one audience
     server, keys = jwt_server
-    wrong_audience = keys.create_token(subject="u", issuer=ISSUER, audience="other-service")
-    wrong_issuer = keys.create_token(subject="u", issuer="https://evil.test", audience=AUDIENCE)
-    other_key = RSAKeyPair.generate().create_token(subject="u", issuer=ISSUER, audience=AUDIENCE)
-    right = keys.create_token(subject="u", issuer=ISSUER, audience=AUDIENCE)
-    assert mcp_status(server, wrong_audience) == 401
-    assert mcp_status(server, wrong_issuer) == 401
-    assert mcp_status(server, other_key) == 401
+    now = int(time.time())
+    refused = {
+        "wrong audience": signed(keys, claims(aud="other-api")),
+        "wrong issuer": signed(keys, claims(iss="https://evil.test")),
+        "other key": signed(RSAKeyPair.generate(), claims()),
+        "expired": signed(keys, claims(exp=now - 60)),
+        "no exp": signed(keys, claims(exp=None)),
+    }
+    right = signed(keys, claims())
+    # when each is presented, then only the right one gets in
+    statuses = {why: mcp_status(server, token) for why, token in refused.items()}
+    assert statuses == {why: 401 for why in refused}
     assert mcp_status(server, right) == 200
+
+
+@pytest.mark.parametrize(
+    ("unset", "named"),
+    [
+        ({"JWT_ISSUER": ""}, ["JWT_ISSUER"]),
+        ({"JWT_AUDIENCE": ""}, ["JWT_AUDIENCE"]),
+        ({"JWT_ISSUER": "", "JWT_AUDIENCE": ""}, ["JWT_ISSUER", "JWT_AUDIENCE"]),
+    ],
+)
+def test_jwt_mode_refuses_to_start_without_an_issuer_and_an_audience(
+    tmp_path: Path, fake_funes: FakeFunes, unset: dict[str, str], named: list[str]
+) -> None:
+    # given a trusted key but no expected issuer or audience
+    keys = RSAKeyPair.generate()
+    server = make_server(tmp_path, **{**jwt_settings(keys, fake_funes), **unset})
+    # when it starts, then it exits with a message naming what is missing
+    with pytest.raises(RuntimeError, match="exited early"):
+        server.start(timeout=30)
+    assert server.process is not None and server.process.returncode != 0
+    assert "JWT mode requires" in server.log()
+    assert all(name in server.log() for name in named)
+
+
+def test_refused_tokens_leave_no_user_id_in_the_log_at_any_level(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # given a server logging everything, ours and FastMCP's
+    keys = RSAKeyPair.generate()
+    settings = jwt_settings(keys, fake_funes)
+    server = make_server(tmp_path, **settings, LOG_LEVEL="DEBUG", FASTMCP_LOG_LEVEL="DEBUG")
+    marker = f"who-{secrets.token_hex(6)}"  # short: the log's console must not wrap it
+    tokens = [
+        # the verifier names the caller by client_id, else azp, else sub: try each
+        signed(keys, claims(sub=marker, exp=int(time.time()) - 60)),
+        signed(keys, claims(sub=marker, azp=marker, aud="other-api")),
+        signed(keys, claims(sub=marker, client_id=marker, iss="https://evil.test")),
+        signed(keys, claims(sub=marker, exp=None)),
+    ]
+    with server.start():
+        # when each is refused
+        assert [mcp_status(server, token) for token in tokens] == [401] * len(tokens)
+    # then the refusals are logged, and the user id is in no line of the log
+    log = server.log()
+    assert "token expired" in log and "audience mismatch" in log and "issuer mismatch" in log
+    assert [line for line in log.splitlines() if marker in line] == []

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import make_server
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -288,10 +289,40 @@ def test_compose_sets_only_environment_variables_the_server_reads() -> None:
     assert int(env["RECALL_CANDIDATES"]) < 4 * int(env["RECALL_K"])  # reranker stays off
 
 
-def test_compose_default_ingest_key_is_long_enough_to_start() -> None:
-    match = re.fullmatch(r"\$\{INGEST_KEY:-([^}]+)\}", compose_env()["INGEST_KEY"])
-    assert match, "INGEST_KEY must be overridable from the environment"
-    assert len(match.group(1)) >= 16
+def test_compose_requires_the_ingest_key_from_the_environment_with_no_default() -> None:
+    # ${NAME:?message} makes compose stop with the message when NAME is unset or empty
+    match = re.fullmatch(r"\$\{INGEST_KEY:\?([^}]+)\}", compose_env()["INGEST_KEY"])
+    assert match, "INGEST_KEY must come from the environment, without a default"
+    assert "INGEST_KEY" in match.group(1)
+
+
+def test_demo_commands_generate_and_export_the_ingest_key_before_using_it() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for text in (readme, COMPOSE.read_text(encoding="utf-8")):
+        assigned = re.findall(r"INGEST_KEY=(\S+)", text)
+        assert assigned and all(value.startswith("$(") for value in assigned), assigned
+        exported = text.index("export INGEST_KEY=$(")
+        assert exported < text.index('"$INGEST_KEY"')  # set in the shell before it is read
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "demo-ingest-key-change-me",
+        "please-changeme-0123456789",
+        "x" * 32,
+        "example-ingest-key-1234",
+    ],
+)
+def test_a_placeholder_ingest_key_cannot_start_a_server(tmp_path: Path, key: str) -> None:
+    # given a sample key that passes the length check (compose's old default among them)
+    server = make_server(tmp_path, INGEST_KEY=key)
+    # when it starts, then it exits naming the setting, and never prints the key
+    with pytest.raises(RuntimeError, match="exited early"):
+        server.start(timeout=30)
+    assert server.process is not None and server.process.returncode != 0
+    assert "INGEST_KEY looks like a placeholder" in server.log()
+    assert key not in server.log()
 
 
 def test_compose_mounts_the_demo_tokens_read_only_from_a_file_that_exists() -> None:
