@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     recall_concurrency: int = Field(4, ge=1)
     recall_half_life_days: float = Field(0.0, ge=0)
     max_result_chars: int = Field(4000, ge=200)
+    # The embedded engine's cache of users' vector matrices (1.5 KB a passage): 256 MB holds
+    # about 170k passages, several heavy users, on a small instance. 0: no cache.
+    vector_cache_mb: int = Field(256, ge=0)
 
     # Indexing: a burst of posts gives one run; runs never block a request.
     index_debounce: float = Field(1.0, ge=0)

@@ -39,4 +39,5 @@ def make_engine(settings: Settings) -> Engine:
         candidates=settings.recall_candidates,
         max_chars=settings.max_result_chars,
         half_life_days=settings.recall_half_life_days,
+        cache_bytes=settings.vector_cache_mb * 2**20,
     )

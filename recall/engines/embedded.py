@@ -75,7 +75,13 @@ ELLIPSIS = "…"
 
 WORD = re.compile(r"\w+")
 # An identifier: letters and digits joined by -_./#: as in MT-4471, N-11, F-204, v2.3.1.
-IDENTIFIER = re.compile(r"[^\W_]+(?:[-_./#:][^\W_]+)+")
+# Linear on any text: a match may only start where a run of letters and digits starts (the
+# lookbehind), and runs are taken whole (possessive), so a long run without a separator (a hex or
+# base64 blob) is read once, not once per starting position (that was quadratic: 70 ms for 1,200
+# chars). Separators are never letters or digits, so the matches are the same as without both.
+IDENTIFIER = re.compile(r"(?<![^\W_])[^\W_]++(?:[-_./#:][^\W_]++)+")
+# Longer than this is a blob (a hash, a key, a path), not something one searches for by name.
+MAX_IDENTIFIER_CHARS = 64
 NON_WORD = re.compile(r"[\W_]+")
 STOPWORDS = frozenset(
     re.findall(
@@ -147,11 +153,19 @@ def split_text(text: str, size: int = PIECE_CHARS) -> list[str]:
     return pieces
 
 
+def identifiers(text: str) -> list[str]:
+    """The identifiers in ``text`` as written, in order, up to MAX_IDENTIFIER_CHARS each."""
+    return [
+        token
+        for token in (match.group(0) for match in IDENTIFIER.finditer(text))
+        if len(token) <= MAX_IDENTIFIER_CHARS
+    ]
+
+
 def identifier_forms(text: str) -> list[str]:
     """``MT-4471`` -> ``mt4471``: one term for the whole id (unicode61 sees ``mt`` + ``4471``)."""
     forms = []
-    for match in IDENTIFIER.finditer(text):
-        token = match.group(0)
+    for token in identifiers(text):
         if any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
             forms.append(NON_WORD.sub("", token.lower()))
     return forms
@@ -166,7 +180,7 @@ def query_terms(query: str) -> list[str]:
     words = WORD.findall(query.lower())
     # One-letter parts of ids (the "v" of V-1415, which "v1415" matches exactly) match thousands
     # of rows and cost a third of the search time; a one-letter word on its own stays.
-    id_letters = {p for m in IDENTIFIER.finditer(query.lower()) for p in WORD.findall(m.group(0))}
+    id_letters = {p for token in identifiers(query.lower()) for p in WORD.findall(token)}
     terms = [w for w in words if w not in STOPWORDS and not (len(w) == 1 and w in id_letters)]
     terms = terms or words
     terms += identifier_forms(query)
@@ -330,6 +344,19 @@ class _Vectors:
     newest: float  # epoch of the newest turn: recency is relative to the user's own history
     common: frozenset[str]  # stems found in more than COMMON_SHARE of the passages
 
+    @property
+    def nbytes(self) -> int:
+        """What the cache counts against its budget: the arrays (the common stems are small)."""
+        return self.ids.nbytes + self.matrix.nbytes
+
+
+@dataclass
+class _Load:
+    """One user's matrix being loaded; recalls that miss the cache meanwhile wait for it."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    vectors: _Vectors | None = None  # set when the load succeeded
+
 
 @dataclass
 class _Hit:
@@ -357,7 +384,7 @@ def _shorten(text: str, limit: int) -> str:
 
 def focus_terms(query: str) -> list[str]:
     """What to keep in view when a passage must be cut: identifiers first, then other words."""
-    ids = [m.group(0).lower() for m in IDENTIFIER.finditer(query)]
+    ids = [token.lower() for token in identifiers(query)]
     words = [w for w in WORD.findall(query.lower()) if w not in STOPWORDS and len(w) > 2]
     return ids + words
 
@@ -437,16 +464,19 @@ class EmbeddedEngine:
         candidates: int = 8,
         max_chars: int = 4000,
         half_life_days: float = 0.0,
-        cache_users: int = 8,
+        cache_bytes: int = 256 * 2**20,
     ) -> None:
         self.embedder = embedder
         self.k = k
         self.candidates = max(candidates, k)
         self.max_chars = max_chars
         self.half_life_days = half_life_days
-        self.cache_users = cache_users
+        # The matrices of recent users, least recently used first, at most cache_bytes in all.
+        self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, _Vectors] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        self._cached_bytes = 0
+        self._loads: dict[str, _Load] = {}  # db path -> the load in progress (one per user)
+        self._cache_lock = threading.Lock()  # guards the three above
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="recall-bm25")
 
     # -- the Engine protocol -------------------------------------------------------------------
@@ -685,14 +715,75 @@ class EmbeddedEngine:
         return out
 
     def _vectors(self, con: sqlite3.Connection, key: str) -> _Vectors:
-        """The user's matrix from the cache, reloaded when an index run changed the db."""
+        """The user's matrix from the cache, reloaded when an index run changed the db.
+
+        Single flight: recalls that miss for the same user wait for one load instead of each
+        building the full matrix; different users load in parallel.
+        """
         row = con.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
         generation = row[0] if row else ""
+        while True:
+            with self._cache_lock:
+                cached = self._cache.get(key)
+                if cached is not None and cached.generation == generation:
+                    self._cache.move_to_end(key)
+                    return cached
+                load = self._loads.get(key)
+                if load is None:
+                    load = self._loads[key] = _Load()
+                    break  # this recall loads
+            load.done.wait()
+            # The load may have read another generation (an index run committed in between),
+            # failed, or been too large to cache: then check the cache again or load ourselves.
+            if load.vectors is not None and load.vectors.generation == generation:
+                return load.vectors
+        try:
+            load.vectors = self._load_vectors(con, generation)
+        finally:
+            with self._cache_lock:
+                del self._loads[key]
+                if load.vectors is not None:
+                    self._keep(key, load.vectors)
+                cached_bytes = self._cached_bytes
+            load.done.set()
+        vectors = load.vectors
+        # The db path names the user's directory, a hash; never the user id.
+        log.debug(
+            "vectors of %s: %d rows, %.1f MB (cache %.1f of %.1f MB)",
+            Path(key).parent.parent.name,
+            len(vectors.ids),
+            vectors.nbytes / 2**20,
+            cached_bytes / 2**20,
+            self.cache_bytes / 2**20,
+        )
+        return vectors
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the cached matrices hold now (at most cache_bytes)."""
         with self._cache_lock:
-            cached = self._cache.get(key)
-            if cached is not None and cached.generation == generation:
-                self._cache.move_to_end(key)
-                return cached
+            return self._cached_bytes
+
+    def _keep(self, key: str, vectors: _Vectors) -> None:
+        """Cache a matrix, evicting the least recently used until the cache fits its budget.
+
+        A matrix larger than the whole budget is not cached: it serves the recall (and any that
+        waited for it) and is then freed, so the budget holds even for one huge user, who pays a
+        reload per recall. Called with the cache lock held.
+        """
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cached_bytes -= old.nbytes
+        if vectors.nbytes > self.cache_bytes:
+            return
+        self._cache[key] = vectors
+        self._cached_bytes += vectors.nbytes
+        while self._cached_bytes > self.cache_bytes:
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_bytes -= evicted.nbytes
+
+    def _load_vectors(self, con: sqlite3.Connection, generation: str) -> _Vectors:
+        """Build the user's matrix (and common stems) from the db, in the caller's snapshot."""
         count = con.execute("SELECT count(*) FROM chunks").fetchone()[0]
         ids = np.empty(count, dtype=np.int64)
         matrix = np.empty((count, self.embedder.dim), dtype=np.float32)
@@ -709,10 +800,4 @@ class EmbeddedEngine:
         common = frozenset(
             t for (t,) in con.execute("SELECT term FROM vocab WHERE doc > ?", (floor,))
         )
-        vectors = _Vectors(generation, ids, matrix, newest, common)
-        with self._cache_lock:
-            self._cache[key] = vectors
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_users:
-                self._cache.popitem(last=False)
-        return vectors
+        return _Vectors(generation, ids, matrix, newest, common)
