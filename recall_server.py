@@ -147,7 +147,9 @@ def create_app(settings: Settings) -> Starlette:
             message = str(exc) if isinstance(exc, InvalidConversation) else "body: not valid JSON"
             return error(400, message)
         user_home = home(conversation.user)
-        await asyncio.to_thread(write_conversation, user_home, conversation)  # durable before 202
+        # Durable before 202. A stale re-post (an older snapshot of what is stored) writes nothing.
+        if not await asyncio.to_thread(write_conversation, user_home, conversation):
+            log.info("user %s: post already stored, nothing written", user_home.name)
         scheduler.schedule(user_home)
         return JSONResponse({"stored": conversation.conversation_id}, status_code=202)
 

@@ -4,16 +4,21 @@ On-disk layout (the contract both engines read, see docs/CONTRACTS.md):
 
     DATA_DIR/<first 24 hex of sha256(user)>/src/<conversation_id>.funes.jsonl
 
-One file per conversation, the whole conversation, rewritten atomically on every post.
+One file per conversation, the whole conversation, rewritten atomically on every post that
+changes it; a post that the stored file already holds (the same version, or an older snapshot of a
+longer one) writes nothing. Writers of one conversation take its lock, src/.<conversation_id>.lock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +34,9 @@ SAFE_TURN_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # funes refuses ':'; we als
 RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
 )
+# JSON may escape half of a UTF-16 pair on its own ("\ud83d": a gateway that cut a string inside
+# an emoji); Python decodes it to a lone surrogate, which UTF-8 cannot encode. A pair decodes whole.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class InvalidConversation(ValueError):
@@ -57,9 +65,16 @@ def user_dir_name(user: str) -> str:
     return hashlib.sha256(user.encode("utf-8")).hexdigest()[:24]
 
 
-def _text(value: Any, field: str, *, max_chars: int, allow_empty: bool = False) -> str:
+def _text(
+    value: Any, field: str, *, max_chars: int, allow_empty: bool = False, repair: bool = False
+) -> str:
+    """A checked string; `repair` turns lone surrogates into U+FFFD instead of refusing them."""
     if not isinstance(value, str):
         raise InvalidConversation(f"{field}: must be a string")
+    if LONE_SURROGATE.search(value):
+        if not repair:
+            raise InvalidConversation(f"{field}: contains a lone UTF-16 surrogate")
+        value = LONE_SURROGATE.sub("\ufffd", value)
     if not allow_empty and not value.strip():
         raise InvalidConversation(f"{field}: must not be empty")
     if len(value) > max_chars:
@@ -76,7 +91,12 @@ def _utc_timestamp(value: Any, field: str) -> str:
         moment = datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
     except ValueError as exc:
         raise InvalidConversation(f"{field}: not a valid date and time") from exc
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        utc = moment.astimezone(UTC)
+    except OverflowError as exc:  # 0001-01-01T00:30:00+01:00 is in year 0 in UTC
+        raise InvalidConversation(f"{field}: outside the years 0001 to 9999 in UTC") from exc
+    # isoformat, not strftime: strftime("%Y") drops the zeros of years before 1000 on Linux
+    return utc.replace(tzinfo=None, microsecond=0).isoformat() + "Z"
 
 
 def safe_turn_id(raw: str) -> str:
@@ -107,10 +127,14 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
         if not isinstance(turn, dict):
             raise InvalidConversation(f"{where}: must be an object")
         role = turn.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a list or object is unhashable
             raise InvalidConversation(f"{where}.role: must be one of {', '.join(sorted(ROLES))}")
-        text = _text(
-            turn.get("text"), f"{where}.text", max_chars=limits.max_text_chars, allow_empty=True
+        text = _text(  # a cut character in text becomes U+FFFD: the conversation keeps flowing
+            turn.get("text"),
+            f"{where}.text",
+            max_chars=limits.max_text_chars,
+            allow_empty=True,
+            repair=True,
         )
         ts = _utc_timestamp(turn.get("ts"), f"{where}.ts")
         raw_id = turn.get("id")
@@ -136,29 +160,123 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
     return Conversation(user=user, conversation_id=cid, lines=lines)
 
 
-def write_conversation(home: Path, conversation: Conversation) -> Path:
-    """Write the whole conversation durably and atomically; returns the source file.
+def write_conversation(home: Path, conversation: Conversation) -> bool:
+    """Store the whole conversation durably and atomically; returns whether the file was written.
 
-    A unique temporary name (never ending in .jsonl, so no engine reads it) makes concurrent
-    posts of one conversation safe: each rename installs one complete file, the last one wins.
+    Nothing is written when the stored file already holds this post: byte for byte, or as a longer
+    version this post is a strict prefix of (see `_holds`), so a delayed retry of an older
+    snapshot cannot shorten the conversation. Any other change replaces the file. The
+    conversation's lock makes reading, deciding and replacing one step against every other
+    writer, in this process or another (the backfill command); a unique temporary name (never
+    .jsonl, so no engine reads it) and a rename install one complete file.
     """
+    data = conversation.to_jsonl().encode("utf-8")  # fails before any mkdir, leaving nothing
     src = home / "src"
-    created = [d for d in (home, src) if not d.exists()]
-    src.mkdir(parents=True, exist_ok=True)
     target = src / f"{conversation.conversation_id}{SOURCE_SUFFIX}"
-    tmp = src / f".{conversation.conversation_id}.{uuid.uuid4().hex}.tmp"
+    created = [d for d in (home, src) if not d.exists()]
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(conversation.to_jsonl())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        src.mkdir(parents=True, exist_ok=True)
+        with conversation_lock(home, conversation.conversation_id):
+            if _holds(target, data, conversation.lines):
+                # Acknowledged as stored, so make sure it is durable even if its writer died
+                # between its rename and its fsyncs.
+                _fsync_file(target)
+                for directory in (src, home, home.parent):
+                    _fsync_dir(directory)
+                return False
+            tmp = src / f".{conversation.conversation_id}.{uuid.uuid4().hex}.tmp"
+            try:
+                with open(tmp, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+            _fsync_dir(src)  # the rename
+            for directory in created:  # a new user or src directory: its entry must be durable
+                _fsync_dir(directory.parent)
+    except BaseException:
+        for directory in reversed(created):  # a failed write leaves no directory behind
+            with contextlib.suppress(OSError):  # not empty: another writer is using it
+                directory.rmdir()
+        raise
+    return True
+
+
+def _holds(target: Path, data: bytes, lines: list[dict[str, Any]]) -> bool:
+    """Whether the stored file already holds this post (`data`, the serialised `lines`).
+
+    True when it is byte for byte the same, or when it has more lines and its first len(lines)
+    lines have the same turn_uuid, role, ts and blocks (the text), in order, as `lines`.
+    A missing or unreadable stored file holds nothing.
+    """
+    try:
+        stored = target.read_bytes()
+    except FileNotFoundError:
+        return False
+    if stored == data:
+        return True
+    stored_lines = stored.splitlines()
+    if len(stored_lines) <= len(lines):
+        return False
+    try:
+        return all(
+            _turn_identity(json.loads(raw)) == _turn_identity(line)
+            for raw, line in zip(stored_lines, lines, strict=False)
+        )
+    except ValueError:  # not JSON: replace it
+        return False
+
+
+def _turn_identity(line: Any) -> tuple[Any, ...] | None:
+    if not isinstance(line, dict):
+        return None
+    return tuple(line.get(key) for key in ("turn_uuid", "role", "ts", "blocks"))
+
+
+@contextlib.contextmanager
+def conversation_lock(home: Path, conversation_id: str) -> Iterator[None]:
+    """Hold the write lock of one conversation, across threads and processes.
+
+    An flock (per open file, so threads of one process exclude each other too, unlike POSIX
+    record locks) on src/.<conversation_id>.lock, which needs src to exist. The holder removes
+    the file before releasing it, so no lock files pile up; a waiter that then gets the lock of
+    the removed file sees that the path no longer leads to it and locks the new one instead.
+    """
+    path = home / "src" / f".{conversation_id}.lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _is_open_file(fd, path):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
     finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(src)  # the rename
-    for directory in created:  # a new user or src directory: its own entry must be durable too
-        _fsync_dir(directory.parent)
-    return target
+        path.unlink(missing_ok=True)  # while still locked: see the docstring
+        os.close(fd)
+
+
+def _is_open_file(fd: int, path: Path) -> bool:
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:

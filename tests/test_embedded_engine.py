@@ -352,9 +352,10 @@ async def test_a_shrunk_source_loses_its_dropped_turns(
     engine: EmbeddedEngine, indexed: Path
 ) -> None:
     assert "N-12" in await engine.recall(indexed, "N-12 rollback")
-    # Given the runbook conversation re-posted with its first two turns only
+    # Given the runbook conversation re-posted with its first two turns only, the second one
+    # regenerated (an unchanged prefix would be a stale post, which writes nothing)
     start, turns = CORPUS["c88e1-runbook"]
-    post(indexed, "c88e1-runbook", start, turns[:2])
+    post(indexed, "c88e1-runbook", start, [turns[0], ("assistant", "See N-11 in the wiki.")])
     await engine.index(indexed)
     # Then the dropped turns are gone, and the kept ones remain
     output = await engine.recall(indexed, "N-12 rollback")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import secrets
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +17,13 @@ import pytest
 from conftest import Server, conversation, install_fake_funes, make_server, tree, turn
 from fake_funes import validate_file
 
-from recall.conversations import InvalidConversation, parse_conversation
+from recall.conversations import (
+    Conversation,
+    InvalidConversation,
+    conversation_lock,
+    parse_conversation,
+    write_conversation,
+)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +120,8 @@ HOSTILE: list[tuple[str, Any, str]] = [
     ("turn a string", {**good(), "turns": ["hello"]}, "turns[0]"),
     ("unknown role", with_turn(role="admin"), "turns[0].role"),
     ("missing role", {**good(), "turns": [without(turn("user", "hi"), "role")]}, "turns[0].role"),
+    ("role a list", with_turn(role=["user"]), "turns[0].role"),
+    ("role an object", with_turn(role={"user": 1}), "turns[0].role"),
     ("text a number", with_turn(text=12), "turns[0].text"),
     ("text missing", {**good(), "turns": [without(turn("user", "x"), "text")]}, "turns[0].text"),
     ("text with NUL", with_turn(text="bad\x00byte"), "turns[0].text"),
@@ -120,6 +131,8 @@ HOSTILE: list[tuple[str, Any, str]] = [
     ("ts impossible date", with_turn(ts="2026-13-40T09:00:00Z"), "turns[0].ts"),
     ("ts a number", with_turn(ts=1760000000), "turns[0].ts"),
     ("ts date only", with_turn(ts="2026-10-08"), "turns[0].ts"),
+    ("ts in year 0 once in UTC", with_turn(ts="0001-01-01T00:30:00+01:00"), "turns[0].ts"),
+    ("ts in year 10000 once in UTC", with_turn(ts="9999-12-31T23:30:00-01:00"), "turns[0].ts"),
     ("id a number", with_turn(id=5), "turns[0].id"),
     ("id empty", with_turn(id=""), "turns[0].id"),
     (
@@ -176,6 +189,102 @@ def test_body_over_the_limit_without_content_length_is_refused_while_streaming(
         pass  # the server may answer and close before we finish sending
     assert connection.getresponse().status == 413
     assert tree(server.data_dir) == before
+
+
+# --- lone surrogates: JSON allows "\ud83d" alone, UTF-8 cannot encode it ---------------------
+# A gateway that cuts a string inside an emoji sends one. The bodies below are raw bytes, so the
+# server receives exactly the six characters \ud83d that such a gateway sends.
+
+
+def raw_body(
+    cid: str = '"cut"',
+    user: str = '"alice"',
+    text: str = '"hello"',
+    turn_id: str = '"t0"',
+    role: str = '"user"',
+) -> bytes:
+    """A body as the gateway's bytes; each argument is a JSON value, written as is."""
+    return (
+        f'{{"user": {user}, "conversation_id": {cid}, "turns": ['
+        f'{{"id": {turn_id}, "role": {role}, "text": {text}, "ts": "2026-10-08T09:00:00Z"}}]}}'
+    ).encode()
+
+
+def test_a_lone_surrogate_in_text_is_stored_as_a_replacement_character(server: Server) -> None:
+    # Given a text cut inside one emoji, and a whole emoji sent as an escaped pair
+    body = raw_body('"cut-text"', text=r'"cut \ud83d here, whole \ud83d\ude00 there"')
+    # When the gateway posts it
+    status, answer = server.post(None, raw=body)
+    # Then it is stored, the cut character as U+FFFD and the whole emoji as itself
+    assert (status, answer) == (202, {"stored": "cut-text"})
+    path = source(server, "alice", "cut-text")
+    assert validate_file(path) is None
+    stored = json.loads(path.read_text(encoding="utf-8"))["blocks"][0]["text"]
+    assert stored == "cut \ufffd here, whole \U0001f600 there"
+
+
+SURROGATE_REFUSALS: list[tuple[str, dict[str, str], str]] = [
+    ("user high surrogate", {"user": r'"alice\ud83d"'}, "user"),
+    ("user low surrogate", {"user": r'"\ude00alice"'}, "user"),
+    ("user reversed pair", {"user": r'"\ude00\ud83d"'}, "user"),
+    ("turn id", {"turn_id": r'"turn-\ud83d"'}, "turns[0].id"),
+    ("turn id low surrogate", {"turn_id": r'"\udfff"'}, "turns[0].id"),
+    ("role", {"role": r'"user\ud83d"'}, "turns[0].role"),
+    ("conversation_id", {"cid": r'"c\ud83d"'}, "conversation_id"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "field"), SURROGATE_REFUSALS, ids=[s[0] for s in SURROGATE_REFUSALS]
+)
+def test_a_lone_surrogate_outside_text_is_refused_naming_the_field_and_writes_nothing(
+    server: Server, name: str, fields: dict[str, str], field: str
+) -> None:
+    before = tree(server.data_dir)
+    status, answer = server.post(None, raw=raw_body(**fields))
+    assert status == 400, answer
+    assert answer["error"].startswith(f"{field}:"), answer
+    assert tree(server.data_dir) == before  # not even an empty directory
+
+
+def test_a_lone_surrogate_in_an_ignored_key_is_ignored(server: Server) -> None:
+    # Unknown fields are ignored, so a cut key (or its value) never reaches the disk
+    body = raw_body('"cut-key"').replace(b'"user": ', b'"x\\ud83d": 1, "user": ')
+    body = body.replace(b'"role": ', b'"\\udc00": "y\\ud83d", "role": ')
+    assert server.post(None, raw=body) == (202, {"stored": "cut-key"})
+    assert validate_file(source(server, "alice", "cut-key")) is None
+
+
+def test_a_timestamp_early_in_year_one_is_stored_with_a_four_digit_year(server: Server) -> None:
+    body = with_turn(ts="0001-01-01T01:30:00+01:00")
+    body["conversation_id"] = "year-one"
+    assert server.post(body)[0] == 202
+    path = source(server, "alice", "year-one")
+    assert json.loads(path.read_text().splitlines()[0])["ts"] == "0001-01-01T00:30:00Z"
+    assert validate_file(path) is None  # funes would refuse the whole file for a "1-01-01" date
+
+
+def test_a_conversation_that_cannot_be_encoded_leaves_no_directory_behind(tmp_path: Path) -> None:
+    # Given a conversation built around the validation, holding a lone surrogate
+    line = {**parse_conversation(good()).lines[0]}
+    line["blocks"] = [{"block_type": "text", "text": "cut \ud83d"}]
+    broken = Conversation(user="alice", conversation_id="cut", lines=[line])
+    # When it is written
+    with pytest.raises(UnicodeEncodeError):
+        write_conversation(tmp_path / "home", broken)
+    # Then nothing is on disk, not even the user's directory
+    assert not (tmp_path / "home").exists()
+
+
+def test_a_write_that_fails_on_disk_leaves_no_directory_behind(tmp_path: Path) -> None:
+    # Given a conversation whose file name the filesystem refuses (too long), after the mkdir
+    good_lines = parse_conversation(good()).lines
+    unwritable = Conversation(user="alice", conversation_id="c" * 300, lines=good_lines)
+    # When it is written
+    with pytest.raises(OSError):
+        write_conversation(tmp_path / "home", unwritable)
+    # Then the directories it created are gone again
+    assert not (tmp_path / "home").exists()
 
 
 # --- what lands on disk -----------------------------------------------------------------------
@@ -267,6 +376,120 @@ def test_concurrent_posts_of_one_conversation_end_in_one_complete_file(server: S
     assert all(text.startswith(f"version {version} ") for text in texts)  # one version, no mix
     assert len(texts) == int(version) + 1
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+# --- stale re-posts: a delayed retry of an older snapshot never shortens a conversation ------
+
+
+def chat(cid: str, n: int, **edits: str) -> dict[str, Any]:
+    """A conversation of n turns; edits replace a turn's text, e.g. {"t1": "edited"}."""
+    roles = ["user", "assistant"]
+    turns = [
+        turn(roles[i % 2], edits.get(f"t{i}", f"turn {i} of {cid}"), f"2026-10-08T09:{i:02d}:00Z")
+        for i in range(n)
+    ]
+    return {"user": "alice", "conversation_id": cid, "turns": turns}
+
+
+def texts_of(path: Path) -> list[str]:
+    return [json.loads(line)["blocks"][0]["text"] for line in path.read_text().splitlines()]
+
+
+def test_a_stale_shorter_repost_keeps_the_longer_stored_version(server: Server) -> None:
+    # Given a conversation stored with four turns
+    assert server.post(chat("stale", 4))[0] == 202
+    path = source(server, "alice", "stale")
+    before, inode = path.read_bytes(), path.stat().st_ino
+    # When a delayed retry of its two-turn snapshot arrives
+    status, answer = server.post(chat("stale", 2))
+    # Then it is acknowledged, and the stored file is untouched
+    assert (status, answer) == (202, {"stored": "stale"})
+    assert path.read_bytes() == before and path.stat().st_ino == inode
+    assert len(texts_of(path)) == 4
+
+
+def test_an_identical_repost_writes_nothing(server: Server) -> None:
+    assert server.post(chat("same", 3))[0] == 202
+    path = source(server, "alice", "same")
+    inode = path.stat().st_ino
+    assert server.post(chat("same", 3)) == (202, {"stored": "same"})
+    assert path.stat().st_ino == inode  # every write installs a new inode
+
+
+def test_a_shorter_repost_with_an_edited_turn_replaces_the_stored_version(server: Server) -> None:
+    assert server.post(chat("edited", 4))[0] == 202
+    assert server.post(chat("edited", 3, t1="edited answer")) == (202, {"stored": "edited"})
+    path = source(server, "alice", "edited")
+    assert texts_of(path) == ["turn 0 of edited", "edited answer", "turn 2 of edited"]
+    assert validate_file(path) is None
+
+
+def test_a_regenerated_last_turn_replaces_the_stored_version(server: Server) -> None:
+    assert server.post(chat("regen", 4))[0] == 202
+    assert server.post(chat("regen", 4, t3="a regenerated answer"))[0] == 202
+    assert texts_of(source(server, "alice", "regen"))[3] == "a regenerated answer"
+
+
+SHORTER_AND_DIFFERENT: list[tuple[str, dict[str, Any]]] = [
+    ("text", {"text": "other words"}),
+    ("ts", {"ts": "2026-10-08T10:00:00Z"}),
+    ("role", {"role": "system"}),
+    ("id", {"id": "another-id"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "change"), SHORTER_AND_DIFFERENT, ids=[c[0] for c in SHORTER_AND_DIFFERENT]
+)
+def test_a_shorter_post_differing_in_any_turn_field_replaces_the_stored_version(
+    server: Server, name: str, change: dict[str, Any]
+) -> None:
+    # Given a stored conversation of three turns
+    cid = f"differs-{name}"
+    assert server.post(chat(cid, 3))[0] == 202
+    # When a two-turn version arrives whose first turn differs in one field
+    shorter = chat(cid, 2)
+    shorter["turns"][0] = {**shorter["turns"][0], **change}
+    assert server.post(shorter)[0] == 202
+    # Then it is not a prefix of what is stored, and replaces it
+    assert len(texts_of(source(server, "alice", cid))) == 2
+
+
+def test_concurrent_posts_of_growing_prefixes_end_in_the_longest_version(server: Server) -> None:
+    # Given twelve snapshots of one growing conversation, each posted twice, the longest first
+    # and the rest in random order, all at once, as a gateway retrying on timeouts might
+    longest = chat("growing", 12)
+    for i, t in enumerate(longest["turns"]):
+        t["text"] = f"turn {i} " + "w" * 3000  # big enough that writes overlap
+    versions = [{**longest, "turns": longest["turns"][: n + 1]} for n in range(12)]
+    rest = versions[:-1] * 2 + [versions[-1]]
+    random.Random(8).shuffle(rest)
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        statuses = list(pool.map(lambda body: server.post(body)[0], [versions[-1], *rest]))
+    # Then every post is acknowledged and the file is whole: the longest version
+    assert statuses == [202] * 24
+    path = source(server, "alice", "growing")
+    assert validate_file(path) is None
+    assert texts_of(path) == [t["text"] for t in longest["turns"]]
+    assert not [p for p in path.parent.iterdir() if not p.name.endswith(".funes.jsonl")]
+
+
+def test_a_post_waits_for_the_conversation_lock_another_process_holds(server: Server) -> None:
+    # Given another writer (the backfill command, say) holding the conversation's lock
+    assert server.post(chat("locked", 1))[0] == 202
+    home = server.home("alice")
+    answers: list[tuple[int, dict[str, Any]]] = []
+    with conversation_lock(home, "locked"):
+        # When the gateway posts a longer version meanwhile
+        poster = threading.Thread(target=lambda: answers.append(server.post(chat("locked", 2))))
+        poster.start()
+        time.sleep(1.0)
+        # Then it waits: nothing answered, nothing written
+        assert answers == [] and len(texts_of(source(server, "alice", "locked"))) == 1
+    # And once the lock is released it goes through
+    poster.join(timeout=60)
+    assert answers == [(202, {"stored": "locked"})]
+    assert len(texts_of(source(server, "alice", "locked"))) == 2
 
 
 def test_no_user_id_or_conversation_text_in_the_logs(server: Server) -> None:
