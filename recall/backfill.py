@@ -116,15 +116,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="recall-server backfill",
         description="Import conversations (POST /turns bodies, one per line) and index them.",
+        epilog="Exit status: 0 all imported and indexed; 1 some bodies refused (reported by line,"
+        " the rest imported) or an index run failed; 2 unreadable source or unusable settings.",
     )
     parser.add_argument(
         "source", type=Path, help="a .jsonl file of bodies, or a directory of .json"
     )
     args = parser.parse_args(argv)
+    if not args.source.exists():
+        print(f"recall-server backfill: {args.source}: no such file or directory", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     settings = Settings()
     limits = settings.limits()
-    conversations, refused = load(args.source, limits)
+    try:
+        conversations, refused = load(args.source, limits)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"recall-server backfill: {args.source}: cannot read ({exc})", file=sys.stderr)
+        return 2
     for reason in refused:
         print(f"refused {reason}", file=sys.stderr)
     try:

@@ -4,7 +4,10 @@ Production posts the whole conversation so far after each finished turn (turn 1,
 which makes the write idempotent. The seeder does exactly the same, so a seeded memory is built
 the way a real one is.
 
-    python seeds/seed.py --url http://127.0.0.1:8000 --key KEY [--dir seeds]
+    python seeds/seed.py --url http://127.0.0.1:8000 --key KEY [--dir seeds] [--wait 60]
+
+--wait N first waits up to N seconds for the server's /healthz, so the seeder can be started
+together with the server.
 
 The key may also come from the environment (INGEST_KEY). Standard library only, so it runs
 anywhere Python does, without the project installed.
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -70,6 +74,22 @@ def post(url: str, key: str, body: dict[str, Any]) -> None:
         raise SeedError(f"{url} answered {status} for {body['conversation_id']}: {one_line}")
 
 
+def wait_until_up(base_url: str, seconds: float) -> None:
+    """Poll /healthz until it answers 200, or stop with a SeedError after ``seconds``."""
+    url = base_url.rstrip("/") + "/healthz"
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:  # refused while the server starts (URLError is an OSError)
+            pass
+        if time.monotonic() > deadline:
+            raise SeedError(f"no recall server answered at {url} within {seconds:g}s")
+        time.sleep(0.25)
+
+
 def seed(base_url: str, key: str, folder: Path) -> int:
     """Post every conversation turn by turn; returns the number of posts made."""
     url = base_url.rstrip("/") + "/turns"
@@ -90,11 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dir", type=Path, default=Path(__file__).resolve().parent, help="folder of *.json"
     )
+    parser.add_argument(
+        "--wait", type=float, default=0, metavar="SECONDS", help="wait for /healthz first"
+    )
     args = parser.parse_args(argv)
     if not args.key:
         print("seed.py: no ingest key: pass --key or set INGEST_KEY", file=sys.stderr)
         return 2
     try:
+        if args.wait > 0:
+            wait_until_up(args.url, args.wait)
         posts = seed(args.url, args.key, args.dir)
     except SeedError as exc:
         print(f"seed.py: {exc}", file=sys.stderr)

@@ -1,0 +1,68 @@
+"""The scripts a newcomer runs first answer mistakes with one line, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from conftest import ROOT, make_server
+
+from recall.devserver import free_port
+
+
+def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
+    )
+
+
+def test_search_with_a_refused_token_says_401_in_one_line(tmp_path: Path) -> None:
+    with make_server(tmp_path, ENGINE="embedded").start() as server:
+        done = run("examples/search.py", "--url", server.url, "--token", "not-a-token", "N-11")
+    assert done.returncode == 1
+    assert done.stderr.strip() == "search.py: 401: the token was refused (check --token)"
+
+
+def test_search_against_no_server_says_it_cannot_reach_it() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    done = run("examples/search.py", "--url", url, "N-11")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        == f"search.py: cannot reach the recall server at {url} (is it running?)"
+    )
+
+
+def test_backfill_of_a_missing_file_exits_2_with_one_line(tmp_path: Path) -> None:
+    env = make_server(tmp_path, ENGINE="embedded").env
+    done = run("recall_server.py", "backfill", str(tmp_path / "missing.jsonl"), env=env)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "missing.jsonl: no such file or directory" in done.stderr
+
+
+def test_seeder_with_wait_posts_once_the_server_comes_up(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ENGINE="embedded")
+    # The seeder starts first, as when the README's block is pasted whole.
+    starter = threading.Timer(1.0, server.start)
+    starter.start()
+    try:
+        done = run("seeds/seed.py", "--url", server.url, "--key", server.ingest_key, "--wait", "90")
+    finally:
+        starter.join()
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    assert "posted" in done.stdout
+
+
+def test_seeder_with_wait_gives_up_with_one_line_when_no_server_comes() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    done = run("seeds/seed.py", "--url", url, "--key", "k" * 32, "--wait", "0.5")
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"seed.py: no recall server answered at {url}/healthz within 0.5s"
+    assert time.monotonic() - started < 60
