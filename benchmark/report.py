@@ -1,4 +1,4 @@
-"""Redraw the results table in benchmark/README.md and results/chart.png from results/*.json."""
+"""Redraw the results tables in benchmark/README.md and results/chart.png from results/*.json."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+LOCOMO_BEGIN, LOCOMO_END = "<!-- locomo:begin -->", "<!-- locomo:end -->"
 # The brief's published funes figures (funes 1.8, 4 CPUs, 4 GB, one process per call).
 FUNES_PUBLISHED = (
     "| funes 1.8 (the brief, 4 CPUs) | 1,000-10,000 | 91-100% | 100% | ~200 ms | | 240 MB "
@@ -72,12 +73,53 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(results_dir: Path) -> None:
-    results = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
-    if not results:
-        return
+def locomo_tables(results: list[dict[str, Any]]) -> str:
+    from benchmark.locomo import table as locomo_table
+
+    parts = []
+    for r in sorted(results, key=lambda r: r["engine"]):
+        evidence, photos = r["evidence"], r["misses_with_evidence_only_on_photo_turns"]
+        parts += [
+            f"**{r['engine']}**, {r['data']}: {len(r['histories'])} histories, {r['sessions']} "
+            f"sessions, {r['turns']:,} turns, {r['questions']} questions; "
+            f"loaded by {r['load']['how']} in {r['load']['load_s']} s; "
+            f"tool call p50 / p95 {r['latency_k3']['p50_ms']} / {r['latency_k3']['p95_ms']} ms "
+            f"(k=3); run {r['wall_s'] / 60:.0f} min.",
+            "",
+            locomo_table(r),
+            "",
+            f"Misses whose evidence turns all share a photo (the caption is not loaded; "
+            f"{r['turns_with_images']:,} of the turns share one): {photos['k3']} at k=3, "
+            f"{photos['k8']} at k=8. Evidence references: {evidence['references']}, "
+            f"{evidence['normalised']} split or respelled to resolve, {evidence['unresolved']} "
+            f"naming no turn (left out); questions left with no evidence turn (always a miss): "
+            f"{evidence['questions_without_evidence']}. Measured on {r['machine']} ({r['date']}).",
+            "",
+        ]
+    return "\n".join(parts).rstrip()
+
+
+def _replace(text: str, begin: str, end: str, body: str) -> str:
+    block = f"{begin}\n{body}\n{end}"
+    return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+
+
+def write_report(results_dir: Path, *, synthetic_too: bool = True) -> None:
+    """The tables from results/*.json: the synthetic runs (and the chart, unless not
+    `synthetic_too`) and the LoCoMo runs (locomo-*.json). Local files (*.local.json, ignored by
+    git) hold what may not be committed and are not read."""
+    results = [
+        (p.name, json.loads(p.read_text()))
+        for p in sorted(results_dir.glob("*.json"))
+        if not p.name.endswith(".local.json")
+    ]
+    synthetic = [r for name, r in results if not name.startswith("locomo-")]
+    locomo = [r for name, r in results if name.startswith("locomo-")]
     readme = results_dir.parent / "README.md"
     text = readme.read_text()
-    block = f"{BEGIN}\n{table(results)}\n{END}"
-    readme.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), block, text, flags=re.S))
-    chart(results, results_dir / "chart.png")
+    if synthetic and synthetic_too:
+        text = _replace(text, BEGIN, END, table(synthetic))
+        chart(synthetic, results_dir / "chart.png")
+    if locomo:
+        text = _replace(text, LOCOMO_BEGIN, LOCOMO_END, locomo_tables(locomo))
+    readme.write_text(text)

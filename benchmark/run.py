@@ -3,6 +3,7 @@
     python -m benchmark.run                       # sizes 1,000 3,000 10,000; embedded (+ funes)
     python -m benchmark.run --sizes 100 --engines embedded --no-save
     python -m benchmark.run --report              # redraw the README table and chart only
+    python -m benchmark.run --locomo ../shared/data/locomo-dev.json  # real histories (locomo.py)
 
 Per size and engine: the history (benchmark/history.py) is loaded the way production loads it,
 through POST /turns for small sizes and through `recall-server backfill` for large ones; then a
@@ -91,9 +92,11 @@ def load_by_posting(live: LocalServer, history: History) -> dict[str, float]:
     return {"load_s": round(time.monotonic() - started, 1)}
 
 
-def load_by_backfill(live: LocalServer, history: History, workdir: Path) -> dict[str, float]:
+def load_by_backfill(
+    live: LocalServer, bodies: list[dict[str, Any]], workdir: Path
+) -> dict[str, float]:
     source = workdir / "history.jsonl"
-    source.write_text("".join(json.dumps(body) + "\n" for body in history.conversations))
+    source.write_text("".join(json.dumps(body) + "\n" for body in bodies))
     command = [sys.executable, str(ROOT / "recall_server.py"), "backfill", str(source)]
     started, peak = time.monotonic(), 0.0
     with subprocess.Popen(command, env=live.env, stderr=subprocess.PIPE, text=True) as child:
@@ -181,7 +184,7 @@ def measure(size: int, engine: str, questions: int = 100, seed: int = 7) -> dict
         for k in (3, 8):
             live = server(workdir, engine, k, token, key)
             if k == 3 and size > POST_UP_TO:
-                result.update(load_by_backfill(live, history, workdir))
+                result.update(load_by_backfill(live, history.conversations, workdir))
             with live.start(timeout=120):
                 if k == 3 and size <= POST_UP_TO:
                     result.update(load_by_posting(live, history))
@@ -216,13 +219,31 @@ def print_result(result: dict[str, Any]) -> None:
             print(f"    returned: {miss['ranked_above'][:300]}")
 
 
+def run_locomo(path: Path, engine: str, *, post: bool, save: bool) -> None:
+    from benchmark import locomo  # imported here: it imports this module
+
+    started = time.monotonic()
+    figures, misses = locomo.measure_locomo(path, engine, post=post)
+    locomo.stamp(figures, started)
+    locomo.print_figures(figures, misses)
+    if save:
+        locomo.save(figures, misses, RESULTS)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from benchmark import locomo  # imported here: it imports this module
+
     parser = argparse.ArgumentParser(description="Run the recall benchmark.")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--engines", nargs="+", default=None, help="default: embedded (+ funes)")
     parser.add_argument("--questions", type=int, default=100)
     parser.add_argument("--no-save", action="store_true", help="print only; keep results/ as is")
     parser.add_argument("--report", action="store_true", help="only redraw table and chart")
+    parser.add_argument(
+        "--locomo", type=Path, nargs="?", const=locomo.DEFAULT_DATA, metavar="PATH",
+        help=f"run the LoCoMo benchmark on this file instead (default {locomo.DEFAULT_DATA})",
+    )  # fmt: skip
+    parser.add_argument("--post", action="store_true", help="LoCoMo: load by POST /turns")
     args = parser.parse_args(argv)
     from benchmark.report import write_report
 
@@ -230,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         write_report(RESULTS)
         return 0
     engines = args.engines or ["embedded", *(["funes"] if os.environ.get("FUNES_BIN") else [])]
+    if args.locomo:
+        for engine in engines:
+            run_locomo(args.locomo, engine, post=args.post, save=not args.no_save)
+        if not args.no_save:
+            write_report(RESULTS, synthetic_too=False)
+        return 0
     for engine in engines:
         for size in args.sizes:
             started = time.monotonic()

@@ -1,0 +1,556 @@
+"""LoCoMo: real, very long two-person histories, asked through the tool (issue 9).
+
+    python -m benchmark.run --locomo ../shared/data/locomo-dev.json   # the recorded run
+    python -m benchmark.locomo --fast ../shared/data/locomo-dev.json   # in-process, minutes
+
+LoCoMo (Maharana et al., ACL 2024, github.com/snap-research/locomo) is research data with its own
+terms: it stays out of the repository. Only figures are committed (results/locomo-<engine>.json);
+the misses, which quote questions and turns, go to results/*.local.json, which git ignores.
+
+Loading, fixed so that figures compare across runs and with the held-out histories:
+- each history is one user (its `sample_id`); each `session_N` one conversation `session-N`;
+- a turn is `"<speaker>: <text>"`, role `user` for `speaker_a` and `assistant` for `speaker_b`,
+  `ts` the session's `session_N_date_time` in UTC (every turn of a session the same), id the
+  `dia_id` with `:` as `-`. Shared images count by their `text` only (no caption);
+- the questions: every `qa` entry of category 1-4 with a non-empty `evidence` list, asked as is.
+
+Metrics, per category and overall:
+- hit@k: the tool's answer contains, lower-cased with whitespace collapsed, the first 60
+  characters of the text (without the speaker) of at least one of the question's evidence turns;
+- evidence recall@k: per question, the share of its evidence turns found by the same rule,
+  averaged over the questions (the LoCoMo paper's retrieval recall, task_eval/evaluation_stats.py);
+- false positives: the share of queries with nothing to find that still got passages, i.e. not
+  "Nothing relevant found ...": each history's category-5 (adversarial) questions, and questions
+  about things the history never mentions (OFF_TOPIC, kept only where none of their terms occur).
+
+k=3 uses the default settings, k=8 the issue's (RECALL_CANDIDATES 32, MAX_RESULT_CHARS 8000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import secrets
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastmcp import Client
+
+from benchmark.run import load_by_backfill, machine, timing
+from recall.conversations import parse_conversation, user_dir_name, write_conversation
+from recall.devserver import ROOT, LocalServer
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Engine
+from recall_server import MAX_QUERY_CHARS
+
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo-dev.json"
+RESULTS = ROOT / "benchmark" / "results"
+
+# LoCoMo's category numbers, in the order the table shows them.
+CATEGORIES = {4: "single-hop", 2: "temporal", 1: "multi-hop", 3: "open-domain"}
+ADVERSARIAL = 5
+KEY_CHARS = 60  # an evidence turn counts as returned when its first 60 characters are
+KS = (3, 8)
+# Each k's settings, as environment variables (the server) and engine arguments (in-process).
+SETTINGS_AT = {
+    3: {"RECALL_K": "3", "RECALL_CANDIDATES": "8", "MAX_RESULT_CHARS": "4000"},
+    8: {"RECALL_K": "8", "RECALL_CANDIDATES": "32", "MAX_RESULT_CHARS": "8000"},
+}
+MISS_EXAMPLES = 5  # per category, printed
+
+SESSION_KEY = re.compile(r"session_(\d+)")
+DATE_FORMAT = "%I:%M %p on %d %B, %Y"  # 1:56 pm on 8 May, 2023
+# A dia_id as annotated, tolerating slips: "D8:6; D9:17" (two in one), "D 10:3", "D:10:3",
+# "D1:3:5" (read as D1:3).
+EVIDENCE_ID = re.compile(r"D:?(\d+):(\d+)")
+
+# Things a user might ask about that these chit-chat histories are unlikely to mention. Each with
+# the terms that make it off-topic (matched at word starts, lower-cased): a query is used for a
+# history only when none of its terms occurs in any of that history's turns.
+OFF_TOPIC: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("What did we decide about the Kubernetes cluster migration?", ("kubernetes", "cluster")),
+    ("Which plumber fixed the boiler leak?", ("plumber", "boiler")),
+    ("invoice INV-20931 payment status", ("invoice", "inv-20931")),
+    ("When is my appointment with the orthodontist?", ("orthodont",)),
+    ("What was the VPN error on the office laptop?", ("vpn",)),
+    ("Lisbon apartment lease terms", ("lisbon", "lease")),
+    ("How much did the transmission repair on the Subaru cost?", ("transmission", "subaru")),
+    ("What did the accountant say about the quarterly VAT return?", ("accountant", "vat")),
+    ("What is the warranty number for the dishwasher?", ("warranty", "dishwasher")),
+    ("ticket MT-4471 status", ("mt-4471", "ticket")),
+    ("What did we say about the Zanzibar ferry schedule?", ("zanzibar", "ferry")),
+    ("Who is the landlord's lawyer in the deposit dispute?", ("landlord", "lawyer")),
+    ("chess opening repertoire, Sicilian defence", ("chess", "sicilian")),
+    ("What was the cholesterol result from the blood test?", ("cholesterol",)),
+    ("Which crypto exchange did I open an account with?", ("crypto",)),
+    ("What did the vet say about the parrot's feathers?", ("parrot",)),
+    ("Terraform state file migration plan", ("terraform",)),
+    ("What's the gate code for the storage unit?", ("gate code", "storage unit")),
+    ("Which supplier did we order the beehive from?", ("beehive", "beekeep")),
+    ("mortgage refinancing rate the bank offered", ("mortgage", "refinanc")),
+)
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def normalise(text: str) -> str:
+    """Lower-cased, whitespace collapsed: how answers and evidence are compared."""
+    return " ".join(text.lower().split())
+
+
+def evidence_key(turn_text: str) -> str:
+    """What must appear in an answer for an evidence turn to count as returned."""
+    return normalise(turn_text)[:KEY_CHARS]
+
+
+def session_ts(date_time: str) -> str:
+    """`1:56 pm on 8 May, 2023` -> `2023-05-08T13:56:00Z` (the dataset gives no zone: UTC)."""
+    moment = datetime.strptime(date_time.strip(), DATE_FORMAT).replace(tzinfo=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def sessions(sample: dict[str, Any]) -> list[tuple[int, list[dict[str, Any]]]]:
+    """(N, turns) of every non-empty `session_N`, in session order."""
+    found = []
+    for key, turns in sample.items():
+        match = SESSION_KEY.fullmatch(key)
+        if match and isinstance(turns, list) and turns:
+            found.append((int(match.group(1)), turns))
+    return sorted(found, key=lambda item: item[0])
+
+
+def to_bodies(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    """One `POST /turns` body per session: the fixed conversion (see the module docstring)."""
+    user, speaker_a = sample["sample_id"], sample["speaker_a"]
+    bodies = []
+    for number, turns in sessions(sample):
+        ts = session_ts(sample[f"session_{number}_date_time"])
+        body_turns = [
+            {
+                "id": turn["dia_id"].replace(":", "-"),
+                "role": "user" if turn["speaker"] == speaker_a else "assistant",
+                "text": f"{turn['speaker']}: {turn['text']}",
+                "ts": ts,
+            }
+            for turn in turns
+        ]
+        bodies.append({"user": user, "conversation_id": f"session-{number}", "turns": body_turns})
+    return bodies
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    category: int
+    keys: tuple[str, ...]  # evidence_key of each resolved evidence turn; empty: always a miss
+    # Every evidence turn shares a photo: the answer may be in the caption, which is not loaded.
+    photo_evidence: bool = False
+
+
+@dataclass
+class EvidenceCount:
+    references: int = 0  # dia_ids as annotated, after splitting "D8:6; D9:17"
+    normalised: int = 0  # resolved only after splitting or respelling them
+    unresolved: int = 0  # name no turn of the history
+    questions_without_evidence: int = 0  # none of their references resolved: always a miss
+
+    def add(self, other: EvidenceCount) -> None:
+        self.references += other.references
+        self.normalised += other.normalised
+        self.unresolved += other.unresolved
+        self.questions_without_evidence += other.questions_without_evidence
+
+
+@dataclass
+class LocomoHistory:
+    user: str
+    bodies: list[dict[str, Any]]
+    questions: list[Question]
+    adversarial: list[str]  # category-5 questions: no answer in the history
+    off_topic: list[str]  # OFF_TOPIC questions whose terms this history never uses
+    evidence: EvidenceCount = field(default_factory=EvidenceCount)
+    turns: int = 0
+    turns_with_images: int = 0
+
+
+def resolve_evidence(raw: list[Any], texts: dict[str, str], count: EvidenceCount) -> list[str]:
+    """The dia_ids these annotations name, in order, without repeats; counts what it had to fix."""
+    resolved: list[str] = []
+    for entry in raw:
+        pieces = re.split(r"[;,]", str(entry))
+        for piece in pieces:
+            compact = re.sub(r"\s+", "", piece)
+            if not compact:
+                continue
+            count.references += 1
+            match = EVIDENCE_ID.match(compact)
+            dia_id = f"D{match.group(1)}:{match.group(2)}" if match else compact
+            if dia_id not in texts:
+                count.unresolved += 1
+                continue
+            if len(pieces) > 1 or dia_id != piece.strip():
+                count.normalised += 1
+            if dia_id not in resolved:
+                resolved.append(dia_id)
+    return resolved
+
+
+def never_mentioned(terms: tuple[str, ...], corpus: str) -> bool:
+    return not any(re.search(rf"\b{re.escape(term)}", corpus) for term in terms)
+
+
+def to_history(sample: dict[str, Any]) -> LocomoHistory:
+    turns = [turn for _, session in sessions(sample) for turn in session]
+    texts = {turn["dia_id"]: turn["text"] for turn in turns}
+    photos = {turn["dia_id"] for turn in turns if turn.get("img_url") or turn.get("blip_caption")}
+    corpus = "\n".join(texts.values()).lower()
+    evidence = EvidenceCount()
+    questions, adversarial = [], []
+    for qa in sample.get("qa", []):
+        category = qa.get("category")
+        if category == ADVERSARIAL:
+            adversarial.append(qa["question"])
+        elif category in CATEGORIES and qa.get("evidence"):
+            resolved = resolve_evidence(qa["evidence"], texts, evidence)
+            if not resolved:
+                evidence.questions_without_evidence += 1
+            keys = tuple(evidence_key(texts[dia_id]) for dia_id in resolved)
+            on_photos = bool(resolved) and all(dia_id in photos for dia_id in resolved)
+            questions.append(Question(qa["question"], category, keys, on_photos))
+    return LocomoHistory(
+        user=sample["sample_id"],
+        bodies=to_bodies(sample),
+        questions=questions,
+        adversarial=adversarial,
+        off_topic=[query for query, terms in OFF_TOPIC if never_mentioned(terms, corpus)],
+        evidence=evidence,
+        turns=len(turns),
+        turns_with_images=len(photos),
+    )
+
+
+def load_locomo(path: Path) -> list[LocomoHistory]:
+    return [to_history(sample) for sample in json.loads(path.read_text(encoding="utf-8"))]
+
+
+# --- asking -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Answers:
+    """One history's answers at one k, in query order: questions, adversarial, off-topic."""
+
+    texts: list[str]
+    latencies_ms: list[float]
+
+
+def queries(history: LocomoHistory) -> list[str]:
+    return [q.text for q in history.questions] + history.adversarial + history.off_topic
+
+
+def is_hit(answer: str, key: str) -> bool:
+    return bool(key) and key in normalise(answer)
+
+
+def returned_passages(answer: str) -> bool:
+    return answer not in (NOTHING_FOUND, NO_MEMORY, UNAVAILABLE)
+
+
+def first_returned(answer: str) -> str:
+    """The first passage's date, role and opening, on one line."""
+    lines = [line for line in answer.split("\n---")[0].splitlines() if line.strip()]
+    return " ".join(lines[:2])[:160]
+
+
+def share(part: float, whole: int) -> float | None:
+    return round(part / whole, 3) if whole else None
+
+
+def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]) -> dict[str, Any]:
+    """Figures (committable: no data text) and misses (quoting the data: for local files only)."""
+    rows: dict[str, dict[str, float]] = {}
+    misses: dict[str, list[dict[str, Any]]] = {name: [] for name in CATEGORIES.values()}
+    per_history: dict[str, dict[str, Any]] = {}
+    false_positive: dict[str, Any] = {}
+    photo_misses = {f"k{k}": 0 for k in KS}
+    errors = 0
+    for k in KS:
+        counts: dict[str, dict[str, float]] = {}
+        fp = {"adversarial": [0, 0], "unseen_entities": [0, 0]}
+        for history in histories:
+            got = answers[k][history.user].texts
+            errors += sum(answer == UNAVAILABLE for answer in got)
+            own = per_history.setdefault(history.user, {"questions": len(history.questions)})
+            own_hits = 0
+            for question, answer in zip(history.questions, got, strict=False):
+                found = [is_hit(answer, key) for key in question.keys]
+                hit = any(found)
+                own_hits += hit
+                name = CATEGORIES[question.category]
+                for bucket in (name, "overall"):
+                    row = counts.setdefault(bucket, {"questions": 0, "hits": 0.0, "recall": 0.0})
+                    row["questions"] += 1
+                    row["hits"] += hit
+                    row["recall"] += sum(found) / len(found) if found else 0.0
+                if not hit:
+                    photo_misses[f"k{k}"] += question.photo_evidence
+                    misses[name].append(
+                        {"k": k, "history": history.user, "question": question.text}
+                        | {"evidence": list(question.keys), "first": first_returned(answer)}
+                    )
+            own[f"hit@{k}"] = share(own_hits, len(history.questions))
+            rest = got[len(history.questions) :]
+            adversarial, off_topic = (
+                rest[: len(history.adversarial)],
+                rest[len(history.adversarial) :],
+            )
+            for kind, group in (("adversarial", adversarial), ("unseen_entities", off_topic)):
+                fp[kind][0] += sum(returned_passages(answer) for answer in group)
+                fp[kind][1] += len(group)
+        for bucket, row in counts.items():
+            shown = rows.setdefault(bucket, {"questions": int(row["questions"])})
+            shown[f"hit@{k}"] = share(row["hits"], int(row["questions"]))
+            shown[f"evidence_recall@{k}"] = share(row["recall"], int(row["questions"]))
+        both = [sum(pair) for pair in zip(*fp.values(), strict=True)]
+        false_positive[f"k{k}"] = {
+            kind: {"queries": whole, "rate": share(part, whole)}
+            for kind, (part, whole) in (*fp.items(), ("all", both))
+        }
+    ordered = {name: rows[name] for name in [*CATEGORIES.values(), "overall"] if name in rows}
+    evidence = EvidenceCount()
+    for history in histories:
+        evidence.add(history.evidence)
+    figures = {
+        "histories": [h.user for h in histories],
+        "sessions": sum(len(h.bodies) for h in histories),
+        "turns": sum(h.turns for h in histories),
+        "turns_with_images": sum(h.turns_with_images for h in histories),
+        "questions": sum(len(h.questions) for h in histories),
+        "by_category": ordered,
+        "false_positive": false_positive,
+        "per_history": per_history,
+        "evidence": vars(evidence),
+        "misses_with_evidence_only_on_photo_turns": photo_misses,
+        "unavailable_answers": errors,
+    }
+    for k in KS:
+        latencies = [ms for history in histories for ms in answers[k][history.user].latencies_ms]
+        figures[f"latency_k{k}"] = timing(latencies)
+    return {"figures": figures, "misses": misses}
+
+
+# --- the tool, through a real server ----------------------------------------------------------
+
+
+def locomo_server(
+    workdir: Path, engine: str, k: int, tokens: dict[str, str], key: str
+) -> LocalServer:
+    tokens_file = workdir / "tokens.json"
+    tokens_file.write_text(json.dumps({token: user for user, token in tokens.items()}))
+    settings = {"ENGINE": engine, "INGEST_KEY": key, "AUTH_TOKENS_FILE": str(tokens_file)}
+    settings.update(SETTINGS_AT[k], LOG_LEVEL="WARNING")
+    return LocalServer.create(workdir / "data", workdir / f"server-k{k}.log", tokens, **settings)
+
+
+async def ask_tool(live: LocalServer, history: LocomoHistory) -> Answers:
+    """Every query of one history through one MCP session with that user's token."""
+    answers = Answers([], [])
+    async with Client(f"{live.url}/mcp", auth=live.tokens[history.user]) as client:
+        for query in queries(history):
+            started = time.perf_counter()
+            result = await client.call_tool("recall_my_conversations", {"query": query})
+            answers.latencies_ms.append((time.perf_counter() - started) * 1000)
+            answers.texts.append(result.content[0].text)  # type: ignore[union-attr]
+    return answers
+
+
+def load_by_posting(live: LocalServer, histories: list[LocomoHistory]) -> dict[str, Any]:
+    started = time.monotonic()
+    for history in histories:
+        for body in history.bodies:
+            status, answer = live.post(body)
+            if status != 202:
+                raise RuntimeError(f"POST /turns answered {status}: {answer}")
+    live.wait_indexed(*(h.user for h in histories), timeout=3_600)
+    return {"how": "POST /turns", "load_s": round(time.monotonic() - started, 1)}
+
+
+def measure_locomo(
+    path: Path, engine: str = "embedded", *, post: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The recorded run: load through the backfill (or POST /turns), ask through the MCP tool.
+
+    Returns (figures, misses)."""
+    histories = load_locomo(path)
+    tokens = {h.user: secrets.token_urlsafe(24) for h in histories}
+    key = secrets.token_hex(16)
+    answers: dict[int, dict[str, Answers]] = {}
+    loading: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix=f"bench-locomo-{engine}-") as tmp:
+        workdir = Path(tmp)
+        for k in KS:
+            live = locomo_server(workdir, engine, k, tokens, key)
+            if k == KS[0] and not post:
+                bodies = [body for h in histories for body in h.bodies]
+                loading = {"how": "backfill"} | load_by_backfill(live, bodies, workdir)
+            with live.start(timeout=120):
+                if k == KS[0] and post:
+                    loading = load_by_posting(live, histories)
+
+                async def ask_all(live: LocalServer = live) -> dict[str, Answers]:
+                    return {h.user: await ask_tool(live, h) for h in histories}
+
+                answers[k] = asyncio.run(ask_all())
+    scored = score(histories, answers)
+    figures = {"benchmark": "locomo", "engine": engine, "mode": "MCP tool, real server"}
+    figures |= {"data": path.name, "settings": SETTINGS_AT, "load": loading}
+    return figures | scored["figures"], scored["misses"]
+
+
+# --- in-process, for ranking work -------------------------------------------------------------
+
+
+async def evaluate_engines(
+    histories: list[LocomoHistory], engines: dict[int, Engine], workdir: Path
+) -> dict[str, Any]:
+    """Index each history with the server's own conversion and ask every query of it, once per
+    k, through engine objects in this process (no HTTP), the tool's query and answer handling
+    kept. `engines` maps k to an engine built with SETTINGS_AT[k]; returns score()'s dict."""
+    answers: dict[int, dict[str, Answers]] = {k: {} for k in engines}
+    caps = {k: int(SETTINGS_AT[k]["MAX_RESULT_CHARS"]) for k in engines}
+    for history in histories:
+        home = workdir / user_dir_name(history.user)
+        for body in history.bodies:
+            write_conversation(home, parse_conversation(body))
+        for engine in engines.values():
+            await engine.index(home)  # the same index for every k: later runs find nothing new
+        for k, engine in engines.items():
+            own = answers[k][history.user] = Answers([], [])
+            for query in queries(history):
+                started = time.perf_counter()
+                found = await engine.recall(home, query.strip()[:MAX_QUERY_CHARS])
+                own.latencies_ms.append((time.perf_counter() - started) * 1000)
+                own.texts.append(found[: caps[k]] or NOTHING_FOUND)
+    return score(histories, answers)
+
+
+def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
+    """Today's embedded engine at each k's settings, sharing one embedding model."""
+    from recall.embedder import load_embedder
+    from recall.engines.embedded import EmbeddedEngine
+
+    embedder = load_embedder(model_dir)
+    return {
+        k: EmbeddedEngine(
+            embedder,
+            k=int(values["RECALL_K"]),
+            candidates=int(values["RECALL_CANDIDATES"]),
+            max_chars=int(values["MAX_RESULT_CHARS"]),
+        )
+        for k, values in SETTINGS_AT.items()
+    }
+
+
+def measure_in_process(path: Path, model_dir: Path | None = None) -> tuple[dict, dict]:
+    histories = load_locomo(path)
+    engines = embedded_engines(model_dir)
+    with tempfile.TemporaryDirectory(prefix="bench-locomo-fast-") as tmp:
+        scored = asyncio.run(evaluate_engines(histories, engines, Path(tmp)))
+    figures = {"benchmark": "locomo", "engine": "embedded", "mode": "in-process"}
+    return figures | {"data": path.name} | scored["figures"], scored["misses"]
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def table(figures: dict[str, Any]) -> str:
+    """The per-category table and the false-positive line, as printed and in the README."""
+    lines = [
+        "| category | questions | hit@3 | hit@8 | evidence recall@3 | evidence recall@8 |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in figures["by_category"].items():
+        label = f"**{name}**" if name == "overall" else name
+        lines.append(
+            f"| {label} | {row['questions']} | {_pct(row['hit@3'])} | {_pct(row['hit@8'])} "
+            f"| {_pct(row['evidence_recall@3'])} | {_pct(row['evidence_recall@8'])} |"
+        )
+    fp = figures["false_positive"]
+    lines += ["", "| false positives (got passages) | queries | at k=3 | at k=8 |"]
+    lines.append("| --- | --- | --- | --- |")
+    for kind, label in (
+        ("adversarial", "category 5 (adversarial)"),
+        ("unseen_entities", "never-mentioned things"),
+        ("all", "**all**"),
+    ):
+        lines.append(
+            f"| {label} | {fp['k3'][kind]['queries']} | {_pct(fp['k3'][kind]['rate'])} "
+            f"| {_pct(fp['k8'][kind]['rate'])} |"
+        )
+    return "\n".join(lines)
+
+
+def print_figures(figures: dict[str, Any], misses: dict[str, list[dict[str, Any]]]) -> None:
+    shown = {k: v for k, v in figures.items() if k not in ("by_category", "false_positive")}
+    print(json.dumps(shown, indent=1))
+    print(table(figures))
+    hit_at_8 = {(m["history"], m["question"]) for ms in misses.values() for m in ms if m["k"] == 8}
+    for name, found in misses.items():
+        at_3 = [m for m in found if m["k"] == 3]
+        print(f"\nmisses at k=3, {name}: {len(at_3)} (also missed at k=8: "
+              f"{sum((m['history'], m['question']) in hit_at_8 for m in at_3)})")  # fmt: skip
+        for miss in at_3[:MISS_EXAMPLES]:
+            also = " [also at k=8]" if (miss["history"], miss["question"]) in hit_at_8 else ""
+            print(f"  {miss['history']}: {miss['question']!r}{also}")
+            print(f"    wants: {miss['evidence'][0] if miss['evidence'] else '(unresolved)'!r}")
+            print(f"    first: {miss['first']!r}")
+
+
+def save(figures: dict[str, Any], misses: dict[str, Any], results: Path = RESULTS) -> Path:
+    """Figures to results/locomo-<engine>.json; misses (data text) to an ignored local file."""
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"locomo-{figures['engine']}.json"
+    path.write_text(json.dumps(figures, indent=1) + "\n")
+    local = results / f"locomo-{figures['engine']}-misses.local.json"
+    local.write_text(json.dumps(misses, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def stamp(figures: dict[str, Any], started: float) -> None:
+    """Where, when and how long: the machine is shared, so figures carry their conditions."""
+    figures["machine"] = machine()
+    figures["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    figures["wall_s"] = round(time.monotonic() - started)
+    figures["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="LoCoMo retrieval benchmark.")
+    parser.add_argument("data", type=Path, nargs="?", default=DEFAULT_DATA)
+    parser.add_argument("--fast", action="store_true", help="in-process engines, no server")
+    parser.add_argument("--model-dir", type=Path, help="another embedding model (with --fast)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    if args.fast:
+        figures, misses = measure_in_process(args.data, args.model_dir)
+    else:
+        figures, misses = measure_locomo(args.data)
+    stamp(figures, started)
+    print_figures(figures, misses)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
