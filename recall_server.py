@@ -47,6 +47,12 @@ from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
 from recall.scheduler import IndexScheduler, index_and_mark, needs_index
 from recall.settings import Settings
+from recall.transport import (
+    ACCEPT_BACKLOG,
+    OneLineWhenOutOfFiles,
+    bounded_h11,
+    fit_descriptor_limit,
+)
 
 log = logging.getLogger("recall")
 
@@ -69,17 +75,19 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
-    """The request body, refusing (without buffering) anything over `limit` bytes."""
+async def read_limited(request: Request, limit: int, deadline: float) -> bytes:
+    """The request body, refusing (without buffering) anything over `limit` bytes, and anything
+    not in whole after `deadline` seconds (TimeoutError): a stalled upload frees its slot."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
+    async with asyncio.timeout(deadline):
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
     return b"".join(chunks)
 
 
@@ -97,6 +105,11 @@ def error(status: int, message: str) -> JSONResponse:
 def create_app(settings: Settings) -> Starlette:
     if problems := settings.problems():
         raise ConfigError("; ".join(problems))
+    if not (allowed_hosts := settings.host_allowlist()):
+        raise ConfigError(
+            f"HOST {settings.host} is not loopback: set ALLOWED_HOSTS to the host names "
+            "clients reach this server by (comma-separated)"
+        )
     verifier = build_verifier(settings)
     engine = make_engine(settings)
     data_dir = settings.data_dir.resolve()
@@ -138,9 +151,11 @@ def create_app(settings: Settings) -> Starlette:
         if not hmac.compare_digest(provided, ingest_key):
             return error(401, "x-ingest-key: missing or wrong")
         try:
-            raw = await read_limited(request, settings.max_body_bytes)
+            raw = await read_limited(request, settings.max_body_bytes, settings.body_timeout)
         except BodyTooLarge:
             return error(413, f"body: larger than {settings.max_body_bytes} bytes")
+        except TimeoutError:
+            return error(408, f"body: not received within {settings.body_timeout:g} s")
         try:
             conversation = parse_conversation(json.loads(raw), limits)
         except (ValueError, RecursionError) as exc:  # InvalidConversation is a ValueError
@@ -180,7 +195,15 @@ def create_app(settings: Settings) -> Starlette:
         log.info("recall for user %s in %.3fs", user_home.name, time.monotonic() - started)
         return found[: settings.max_result_chars] or NOTHING_FOUND
 
-    return mcp.http_app(path="/mcp")
+    return mcp.http_app(
+        path="/mcp",
+        # No per-client state: one token holder cannot fill a session table and lock others out.
+        stateless_http=True,
+        # DNS rebinding: a foreign Host gets 421, a foreign browser Origin 403, on every route.
+        host_origin_protection=True,
+        allowed_hosts=allowed_hosts,
+        allowed_origins=settings.origin_allowlist(),
+    )
 
 
 def main() -> None:
@@ -200,7 +223,21 @@ def main() -> None:
         app = create_app(settings)
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    if problem := fit_descriptor_limit(settings.max_connections):
+        sys.exit(f"recall-server: {problem}")
+    logging.getLogger("asyncio").addFilter(OneLineWhenOutOfFiles())
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        http=bounded_h11(settings.max_connections),
+        # uvicorn counts the asking connection itself, and refuses once this many requests are
+        # still running (a tool call goes on after its client has left).
+        limit_concurrency=settings.max_connections + 1,
+        timeout_keep_alive=settings.keepalive_timeout,  # type: ignore[arg-type]  # a float works
+        backlog=ACCEPT_BACKLOG,
+    )
 
 
 if __name__ == "__main__":
