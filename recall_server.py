@@ -226,6 +226,8 @@ def main() -> None:
     if problem := fit_descriptor_limit(settings.max_connections):
         sys.exit(f"recall-server: {problem}")
     logging.getLogger("asyncio").addFilter(OneLineWhenOutOfFiles())
+    # Stateless /mcp: the SDK's "Terminating session: None" after every call says nothing.
+    logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
     uvicorn.run(
         app,
         host=settings.host,
