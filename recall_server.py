@@ -28,7 +28,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
 from pydantic import ValidationError
@@ -47,12 +46,7 @@ from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
 from recall.scheduler import IndexScheduler, index_and_mark, needs_index
 from recall.settings import Settings
-from recall.transport import (
-    ACCEPT_BACKLOG,
-    OneLineWhenOutOfFiles,
-    bounded_h11,
-    fit_descriptor_limit,
-)
+from recall.transport import fit_descriptor_limit, serve
 
 log = logging.getLogger("recall")
 
@@ -225,21 +219,7 @@ def main() -> None:
         sys.exit(f"recall-server: {exc}")
     if problem := fit_descriptor_limit(settings.max_connections):
         sys.exit(f"recall-server: {problem}")
-    logging.getLogger("asyncio").addFilter(OneLineWhenOutOfFiles())
-    # Stateless /mcp: the SDK's "Terminating session: None" after every call says nothing.
-    logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        http=bounded_h11(settings.max_connections),
-        # uvicorn counts the asking connection itself, and refuses once this many requests are
-        # still running (a tool call goes on after its client has left).
-        limit_concurrency=settings.max_connections + 1,
-        timeout_keep_alive=settings.keepalive_timeout,  # type: ignore[arg-type]  # a float works
-        backlog=ACCEPT_BACKLOG,
-    )
+    serve(app, settings)
 
 
 if __name__ == "__main__":

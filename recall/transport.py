@@ -4,8 +4,9 @@ uvicorn accepts sockets without limit and refuses (503) only once a request head
 times out idle keep-alive connections but never a request head that does not finish. So a few
 hundred silent or half-sent connections held every descriptor, and then asyncio logged a
 traceback for each failed accept, thousands a second. Here a connection past MAX_CONNECTIONS is
-answered 503 and closed the moment it is accepted, and a request head must arrive within
-KEEPALIVE_TIMEOUT; MAX_CONNECTIONS is checked against the open-files limit at start.
+answered 503 and closed the moment it is accepted; a connection must deliver a whole request
+head within KEEPALIVE_TIMEOUT of opening or of its last response, whatever else it trickles in;
+and MAX_CONNECTIONS is checked against the open-files limit at start.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ import time
 from typing import ClassVar
 
 import h11
+import uvicorn
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from recall.settings import Settings
 
 log = logging.getLogger("recall")
 
@@ -29,6 +34,25 @@ ACCEPT_BACKLOG = 128
 DESCRIPTOR_HEADROOM = 100
 LOG_INTERVAL = 10.0  # seconds: under a flood, one warning line per interval
 OUT_OF_FILES = "socket.accept() out of system resource"  # asyncio's message
+
+
+def serve(app: ASGIApp, settings: Settings) -> None:
+    """Run the app under uvicorn with the bounds from settings (after fit_descriptor_limit)."""
+    logging.getLogger("asyncio").addFilter(OneLineWhenOutOfFiles())
+    # Stateless /mcp: the SDK's "Terminating session: None" after every call says nothing.
+    logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        http=bounded_h11(settings.max_connections),
+        # uvicorn counts the asking connection itself, and refuses once this many requests are
+        # still running (a tool call goes on after its client has left).
+        limit_concurrency=settings.max_connections + 1,
+        timeout_keep_alive=settings.keepalive_timeout,  # type: ignore[arg-type]  # a float works
+        backlog=ACCEPT_BACKLOG,
+    )
 
 
 def fit_descriptor_limit(max_connections: int) -> str | None:
@@ -68,7 +92,7 @@ def bounded_h11(max_connections: int) -> type[H11Protocol]:
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:  # the head is in
+            if self.serving():  # a whole head is in
                 self.cancel_head_deadline()
 
         def on_response_complete(self) -> None:
@@ -81,14 +105,19 @@ def bounded_h11(max_connections: int) -> type[H11Protocol]:
             super().connection_lost(exc)
 
         def expect_head(self) -> None:
-            # Unlike uvicorn's keep-alive timer, the first bytes of a head do not stop this one.
+            # Unlike uvicorn's keep-alive timer, bytes that are not a whole head (the start of
+            # one, or the rest of a body already answered, say with 408) do not stop this one.
             self.cancel_head_deadline()
             self.head_deadline = self.loop.call_later(self.timeout_keep_alive, self.head_overdue)
 
         def head_overdue(self) -> None:
             self.head_deadline = None
-            if self.conn.their_state is h11.IDLE:  # otherwise a request is in and being served
-                self.timeout_keep_alive_handler()  # closes the connection
+            if not self.serving():
+                self.transport.close()
+
+        def serving(self) -> bool:
+            """Whether a request head is in and its response not yet sent."""
+            return self.conn.our_state is h11.SEND_RESPONSE
 
         def cancel_head_deadline(self) -> None:
             if self.head_deadline is not None:
@@ -102,7 +131,11 @@ def bounded_h11(max_connections: int) -> type[H11Protocol]:
             cls.refused += 1
             now = time.monotonic()
             if now - cls.last_warning >= LOG_INTERVAL:
-                log.warning("refused %d connections: %d open", cls.refused, max_connections)
+                log.warning(
+                    "MAX_CONNECTIONS (%d) open: refused %d connections since the last warning",
+                    max_connections,
+                    cls.refused,
+                )
                 cls.refused, cls.last_warning = 0, now
 
     return BoundedH11Protocol
@@ -123,5 +156,8 @@ class OneLineWhenOutOfFiles(logging.Filter):
         if now - self.last < LOG_INTERVAL:
             return False
         self.last = now
-        record.msg, record.args, record.exc_info = f"{OUT_OF_FILES}: out of open files", (), None
+        record.msg = (
+            "out of open files, accepting no connections for now (MAX_CONNECTIONS too high?)"
+        )
+        record.args, record.exc_info = (), None
         return True

@@ -225,6 +225,21 @@ def test_a_stalled_turns_upload_gets_408_and_writes_nothing(impatient: Server) -
     assert "Traceback" not in impatient.log()
 
 
+def test_an_upload_that_trickles_on_after_its_408_is_disconnected(impatient: Server) -> None:
+    # given: a stalled upload answered 408
+    with stalled_upload(impatient) as upload:
+        assert read_response(upload)[0] == 408
+        # when: the client goes on sending its body a byte at a time
+        try:
+            for _ in range(100):
+                upload.sendall(b" ")
+                time.sleep(0.2)
+        except OSError:  # closed by the server: what we want
+            pass
+        # then: the server has closed the connection rather than wait for the rest
+        assert closed_by_server(upload, within=1)
+
+
 @pytest.mark.parametrize(
     "sent",
     [b"", b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"],
