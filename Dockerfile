@@ -61,10 +61,13 @@ RUN groupadd --gid 10001 app \
  && chown app:app /data/memories
 
 # HOST=0.0.0.0: the server defaults to loopback, which a published port cannot reach.
+# ALLOWED_HOSTS: the names a published port is reached by on this machine; set the names your
+# clients use (other Host names get 421).
 ENV HF_HUB_OFFLINE=1 \
     DATA_DIR=/data/memories \
     ENGINE=auto \
     HOST=0.0.0.0 \
+    ALLOWED_HOSTS=localhost,127.0.0.1 \
     PORT=8000
 
 USER 10001:10001

@@ -28,7 +28,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
 from pydantic import ValidationError
@@ -47,6 +46,7 @@ from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
 from recall.scheduler import IndexScheduler, index_and_mark, needs_index
 from recall.settings import Settings
+from recall.transport import fit_descriptor_limit, serve
 
 log = logging.getLogger("recall")
 
@@ -69,17 +69,19 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
-    """The request body, refusing (without buffering) anything over `limit` bytes."""
+async def read_limited(request: Request, limit: int, deadline: float) -> bytes:
+    """The request body, refusing (without buffering) anything over `limit` bytes, and anything
+    not in whole after `deadline` seconds (TimeoutError): a stalled upload frees its slot."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
+    async with asyncio.timeout(deadline):
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
     return b"".join(chunks)
 
 
@@ -97,6 +99,11 @@ def error(status: int, message: str) -> JSONResponse:
 def create_app(settings: Settings) -> Starlette:
     if problems := settings.problems():
         raise ConfigError("; ".join(problems))
+    if not (allowed_hosts := settings.host_allowlist()):
+        raise ConfigError(
+            f"HOST {settings.host} is not loopback: set ALLOWED_HOSTS to the host names "
+            "clients reach this server by (comma-separated)"
+        )
     verifier = build_verifier(settings)
     engine = make_engine(settings)
     data_dir = settings.data_dir.resolve()
@@ -138,9 +145,11 @@ def create_app(settings: Settings) -> Starlette:
         if not hmac.compare_digest(provided, ingest_key):
             return error(401, "x-ingest-key: missing or wrong")
         try:
-            raw = await read_limited(request, settings.max_body_bytes)
+            raw = await read_limited(request, settings.max_body_bytes, settings.body_timeout)
         except BodyTooLarge:
             return error(413, f"body: larger than {settings.max_body_bytes} bytes")
+        except TimeoutError:
+            return error(408, f"body: not received within {settings.body_timeout:g} s")
         try:
             conversation = parse_conversation(json.loads(raw), limits)
         except (ValueError, RecursionError) as exc:  # InvalidConversation is a ValueError
@@ -182,7 +191,15 @@ def create_app(settings: Settings) -> Starlette:
         log.info("recall for user %s in %.3fs", user_home.name, time.monotonic() - started)
         return found[: settings.max_result_chars] or NOTHING_FOUND
 
-    return mcp.http_app(path="/mcp")
+    return mcp.http_app(
+        path="/mcp",
+        # No per-client state: one token holder cannot fill a session table and lock others out.
+        stateless_http=True,
+        # DNS rebinding: a foreign Host gets 421, a foreign browser Origin 403, on every route.
+        host_origin_protection=True,
+        allowed_hosts=allowed_hosts,
+        allowed_origins=settings.origin_allowlist(),
+    )
 
 
 def main() -> None:
@@ -202,7 +219,9 @@ def main() -> None:
         app = create_app(settings)
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    if problem := fit_descriptor_limit(settings.max_connections):
+        sys.exit(f"recall-server: {problem}")
+    serve(app, settings)
 
 
 if __name__ == "__main__":

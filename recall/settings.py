@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Literal
 
@@ -60,6 +61,31 @@ class Settings(BaseSettings):
     index_debounce: float = Field(1.0, ge=0)
     index_timeout: float = Field(300.0, gt=0)
 
+    # Transport bounds: no client holds a connection, a descriptor or a slot for long.
+    # 200 open connections: far more than RECALL_CONCURRENCY lets work at once, far below the
+    # common limit of 1024 open files.
+    max_connections: int = Field(200, ge=1)
+    # 5 s, uvicorn's own default: an idle connection, or a request head that does not finish,
+    # is closed after it.
+    keepalive_timeout: float = Field(5.0, gt=0)
+    # 30 s: a whole 8 MiB /turns body even at 2 Mbit/s; a stalled upload gets 408.
+    body_timeout: float = Field(30.0, gt=0)
+    # DNS-rebinding protection: Host names (and browser origins) served, comma-separated. The
+    # loopback names are always allowed; empty means loopback only, which refuses to start when
+    # HOST is not loopback (the names clients use are unknowable here).
+    allowed_hosts: str = ""
+    allowed_origins: str = ""
+
+    def host_allowlist(self) -> list[str]:
+        """Host header names to serve; empty when HOST is not loopback and none are set."""
+        configured = [name.strip() for name in self.allowed_hosts.split(",") if name.strip()]
+        loopback = self.host == "localhost" or _is_loopback_address(self.host)
+        return configured or (["127.0.0.1", "localhost", "[::1]"] if loopback else [])
+
+    def origin_allowlist(self) -> list[str]:
+        """Browser origins to serve besides the server's own and loopback ones."""
+        return [name.strip() for name in self.allowed_origins.split(",") if name.strip()]
+
     @field_validator("jwt_jwks_uri", "jwt_public_key", "jwt_issuer", "jwt_audience", "funes_bin")
     @classmethod
     def _blank_is_unset(cls, value: str | None) -> str | None:
@@ -105,3 +131,10 @@ def is_placeholder_key(key: str) -> bool:
     """A sample value (e.g. compose's old default) or one character repeated: not a secret."""
     lowered = key.lower()
     return len(set(key)) == 1 or any(mark in lowered for mark in PLACEHOLDER_MARKS)
+
+
+def _is_loopback_address(host: str) -> bool:
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -52,6 +52,7 @@ SERVER_SETTINGS = frozenset(
         "EMBED_POOLING",
         "MAX_BODY_BYTES",
         "LOG_LEVEL",
+        "ALLOWED_HOSTS",
     ]
 )
 # Read by Python, pip or the Hugging Face client inside funes, not by the server.
@@ -202,6 +203,15 @@ def test_each_target_is_offline_and_keeps_memories_in_data(target: str) -> None:
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["DATA_DIR"] == "/data/memories"
     assert env["HOST"] == "0.0.0.0"  # loopback would be unreachable through a published port
+
+
+@pytest.mark.parametrize("target", ["embedded", "funes"])
+def test_each_target_names_the_hosts_it_serves_as_it_listens_off_loopback(target: str) -> None:
+    from recall.settings import Settings
+
+    env = env_of(lineage(target))
+    settings = Settings(host=env["HOST"], allowed_hosts=env.get("ALLOWED_HOSTS", ""))
+    assert settings.host_allowlist(), "the server would refuse to start"
 
 
 def test_targets_choose_their_engine_and_funes_is_the_default() -> None:
