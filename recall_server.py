@@ -24,6 +24,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,21 +37,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from recall.auth import ConfigError, build_verifier, user_from_token
+from recall.concurrency import BoundedRuns, run_in
 from recall.conversations import (
     InvalidConversation,
     parse_conversation,
+    source_files,
     user_dir_name,
     write_conversation,
 )
 from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
-from recall.scheduler import IndexScheduler, index_and_mark, needs_index
+from recall.scheduler import IndexScheduler, index_and_mark, index_stale
 from recall.settings import Settings
 from recall.transport import fit_descriptor_limit, serve
 
 log = logging.getLogger("recall")
 
 MAX_QUERY_CHARS = 500  # a query is a few words; the cap bounds what one call can make us scan
+# Durable writes are short (a file, two fsyncs); their own few threads, so that nothing else
+# (index runs, recalls) can make the gateway's post wait for a thread.
+WRITE_THREADS = 4
 
 TOOL_DESCRIPTION = """\
 Search this user's own earlier conversations with you and get back dated, word-for-word passages.
@@ -110,7 +116,8 @@ def create_app(settings: Settings) -> Starlette:
     data_dir.mkdir(parents=True, exist_ok=True)
     limits = settings.limits()
     ingest_key = settings.ingest_key.encode()
-    recall_slots = asyncio.Semaphore(settings.recall_concurrency)
+    recalls = BoundedRuns(settings.recall_concurrency, settings.recall_timeout)
+    writes = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="recall-write")
 
     def home(user: str) -> Path:
         return data_dir / user_dir_name(user)
@@ -120,19 +127,22 @@ def create_app(settings: Settings) -> Starlette:
         await index_and_mark(engine, user_home)
         log.info("indexed user %s in %.2fs", user_home.name, time.monotonic() - started)
 
-    scheduler = IndexScheduler(index_user, settings.index_debounce)
+    scheduler = IndexScheduler(index_user, settings.index_debounce, settings.index_concurrency)
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
-        # Catch up on whatever changed while we were down: a restart or a crash loses nothing.
+        # Catch up on whatever changed while we were down, and rebuild any index that is gone
+        # or unreadable: a restart or a crash loses nothing.
         for user_home in sorted(p for p in data_dir.iterdir() if p.is_dir()):
-            if needs_index(user_home, engine.name):
+            if index_stale(engine, user_home):
                 scheduler.schedule(user_home)
         log.info("serving with the %s engine, data in %s", engine.name, data_dir)
         try:
             yield {}
         finally:
+            await recalls.close()
             await scheduler.close()
+            writes.shutdown()
 
     mcp = FastMCP("recall", auth=verifier, lifespan=lifespan)
 
@@ -157,7 +167,7 @@ def create_app(settings: Settings) -> Starlette:
             return error(400, message)
         user_home = home(conversation.user)
         # Durable before 202. A stale re-post (an older snapshot of what is stored) writes nothing.
-        if not await asyncio.to_thread(write_conversation, user_home, conversation):
+        if not await run_in(writes, write_conversation, user_home, conversation):
             log.info("user %s: post already stored, nothing written", user_home.name)
         scheduler.schedule(user_home)
         return JSONResponse({"stored": conversation.conversation_id}, status_code=202)
@@ -176,17 +186,22 @@ def create_app(settings: Settings) -> Starlette:
             return UNAVAILABLE
         user_home = home(user)  # from the verified token, never from the query
         if not engine.has_memory(user_home):
-            return NO_MEMORY
+            if not source_files(user_home):
+                return NO_MEMORY
+            # Conversations stored but no readable index (deleted, corrupt, not built yet).
+            log.warning("recall for user %s: no readable index; rebuilding", user_home.name)
+            scheduler.ensure(user_home)
+            return UNAVAILABLE
         query = query.strip()[:MAX_QUERY_CHARS]
         if not query:
             return NOTHING_FOUND
         started = time.monotonic()
         try:
-            async with asyncio.timeout(settings.recall_timeout):
-                async with recall_slots:
-                    found = await engine.recall(user_home, query)
+            found = await recalls.run(lambda: engine.recall(user_home, query))
         except Exception as exc:  # fail soft: whatever went wrong, the conversation goes on
             log.warning("recall failed for user %s: %s", user_home.name, describe(exc))
+            if isinstance(exc, EngineError):
+                scheduler.ensure(user_home)  # an unreadable index is rebuilt, not waited on
             return UNAVAILABLE
         log.info("recall for user %s in %.3fs", user_home.name, time.monotonic() - started)
         return found[: settings.max_result_chars] or NOTHING_FOUND

@@ -1,8 +1,9 @@
-"""Debounced, per-user index runs, off the request path.
+"""Debounced, per-user index runs, off the request path, bounded across users.
 
 A burst of writes gives one run; a write during a run earns exactly one more; one user never
-has two runs at once; different users run in parallel. State lives in this process, so run one
-server process per data directory.
+has two runs at once; at most `concurrency` runs at once across users (each run loads a model),
+given out first come, first served in the order users became due. State lives in this process,
+so run one server process per data directory.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ class _UserState:
 
 
 class IndexScheduler:
-    def __init__(self, index: IndexFn, debounce: float) -> None:
+    def __init__(self, index: IndexFn, debounce: float, concurrency: int = 2) -> None:
         self._index = index
         self._debounce = debounce
+        # asyncio's semaphore wakes its waiters in arrival order: the user due first runs first.
+        # A user has one task, so she waits in this queue at most once however often she posts.
+        self._runs = asyncio.Semaphore(concurrency)
         self._users: dict[Path, _UserState] = {}  # strong refs: the loop only keeps weak ones
 
     def schedule(self, home: Path) -> None:
@@ -41,16 +45,23 @@ class IndexScheduler:
         if state.task is None or state.task.done():
             state.task = asyncio.create_task(self._run(home, state))
 
+    def ensure(self, home: Path) -> None:
+        """A run for this user unless one is already waiting or going on (it covers the need)."""
+        state = self._users.get(home)
+        if state is None or state.task is None or state.task.done():
+            self.schedule(home)
+
     async def _run(self, home: Path, state: _UserState) -> None:
         while state.dirty:
             await asyncio.sleep(self._debounce)
-            state.dirty = False
-            try:
-                await self._index(home)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # logged, retried at the next write
-                log.warning("index run failed for user %s: %s", home.name, exc)
+            async with self._runs:
+                state.dirty = False  # a write while queued is covered by this run
+                try:
+                    await self._index(home)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # logged; retried at the next write or failed recall
+                    log.warning("index run failed for user %s: %s", home.name, exc)
 
     async def close(self) -> None:
         tasks = [s.task for s in self._users.values() if s.task and not s.task.done()]
@@ -95,3 +106,11 @@ def needs_index(home: Path, engine: str) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return bool(source_files(home))
     return recorded != sources_fingerprint(home)
+
+
+def index_stale(engine: Engine, home: Path) -> bool:
+    """Whether a run is due: the sources changed since the last good one, or the index itself is
+    gone or unreadable while there are sources (the marker, outside the index, cannot tell)."""
+    if needs_index(home, engine.name):
+        return True
+    return not engine.has_memory(home) and bool(source_files(home))

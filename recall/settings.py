@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     # Indexing: a burst of posts gives one run; runs never block a request.
     index_debounce: float = Field(1.0, ge=0)
     index_timeout: float = Field(300.0, gt=0)
+    # Index runs at once across users: each loads a model and keeps cores busy; 2 leaves the
+    # request path room on a small machine.
+    index_concurrency: int = Field(2, ge=1)
 
     # Transport bounds: no client holds a connection, a descriptor or a slot for long.
     # 200 open connections: far more than RECALL_CONCURRENCY lets work at once, far below the

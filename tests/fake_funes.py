@@ -9,10 +9,12 @@ ignored), `recall -k K --candidates C -- <query>` prints the agent format with `
 lines and neighbour lines, and `no results` when nothing matches.
 
 For the tests it also records every call (argv, environment, pid, times) in `calls.jsonl` next
-to itself, and obeys `control.json` next to itself: {"mode": "normal" | "sleep" | "fail" |
-"empty" | "big", "sleep": seconds, "index_sleep": seconds, "index_fail": bool,
-"spawn_child": bool}. The control
-file sits beside the script, not in the environment, because the server clears the environment.
+to itself, including the end of a call killed by SIGTERM, and obeys `control.json` next to
+itself: {"mode": "normal" | "sleep" | "fail" | "empty" | "big" | "huge", "sleep": seconds,
+"index_sleep": seconds, "index_fail": bool, "spawn_child": bool, "huge_bytes": int (stdout
+size in mode huge), "error": str (the failure message instead of the usual one; "{query}" and
+"{home}" are filled in)}. The control file sits beside the script, not in the environment,
+because the server clears the environment.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -133,7 +136,7 @@ def cmd_index(args: list[str], home: Path, control: dict[str, Any]) -> int:
         return 1
     time.sleep(float(control.get("index_sleep", 0)))
     if control.get("index_fail"):
-        print("error: failed to open the Lance store", file=sys.stderr)
+        print(_error(control, "error: failed to open the Lance store", "", home), file=sys.stderr)
         return 1
     memory = home / "memory"
     memory.mkdir(exist_ok=True)
@@ -197,7 +200,8 @@ def cmd_recall(args: list[str], home: Path, control: dict[str, Any]) -> int:
         return 1
     mode = control.get("mode", "normal")
     if mode == "fail":
-        print("error: model bge-small-en-v1.5 not found in HF_HOME (offline)", file=sys.stderr)
+        usual = "error: model bge-small-en-v1.5 not found in HF_HOME (offline)"
+        print(_error(control, usual, " ".join(query_words), home), file=sys.stderr)
         return 1
     if mode == "sleep":
         if control.get("spawn_child"):
@@ -212,6 +216,11 @@ def cmd_recall(args: list[str], home: Path, control: dict[str, Any]) -> int:
     hits = [c for score, c in sorted(scored, key=lambda x: -x[0]) if score > 0][:candidates][:k]
     if mode == "big":
         hits = (hits or chunks[:1]) * 40
+    if mode == "huge":  # a runaway output: far more than any reader should keep
+        line = ("filler " * 18 + "\n").encode()
+        for _ in range(int(control.get("huge_bytes", 100_000_000)) // len(line)):
+            sys.stdout.buffer.write(line)
+        sys.stdout.flush()
     if not hits:
         print("no results")
         return 0
@@ -228,9 +237,20 @@ def cmd_recall(args: list[str], home: Path, control: dict[str, Any]) -> int:
     return 0
 
 
+def _error(control: dict[str, Any], usual: str, query: str, home: Path) -> str:
+    return str(control.get("error", usual)).replace("{query}", query).replace("{home}", str(home))
+
+
 def main() -> int:
     started = time.time()
     args = sys.argv[1:]
+
+    def killed(signum: int, _: Any) -> None:  # killed by the server: its end is still recorded
+        _record({"event": "end", "argv": args[:1], "pid": os.getpid(), "t": time.time(),
+                 "signal": signum})  # fmt: skip
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, killed)
     home_env = os.environ.get("FUNES_HOME")
     _record({"event": "start", "argv": args, "env": dict(os.environ), "pid": os.getpid(),
              "pgid": os.getpgid(0), "t": started})  # fmt: skip

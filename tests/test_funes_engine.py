@@ -109,7 +109,46 @@ async def test_failing_funes_gives_the_fail_soft_text_and_logs_the_cause(
     seed_alice(funes_server)
     fake_funes.control(mode="fail")
     assert await funes_server.recall("alice", "MT-4471") == UNAVAILABLE
-    assert "model bge-small-en-v1.5 not found" in funes_server.log()
+    assert "funes recall exited 1: model missing" in funes_server.log()
+
+
+async def test_funes_stderr_reaches_the_log_only_as_a_fixed_reason(
+    funes_server: Server, fake_funes: FakeFunes
+) -> None:
+    # Given a funes whose error message echoes the query, a path and a terminal escape
+    seed_alice(funes_server)
+    fake_funes.control(
+        mode="fail", error="error: cannot search for {query} in {home}/memory \x1b[31mfailed"
+    )
+    # When a recall fails with it
+    assert await funes_server.recall("alice", "zanzibar-secret MT-4471") == UNAVAILABLE
+    # Then the log names the exit status and a fixed reason, and none of that text
+    log = funes_server.log()
+    assert "funes recall exited 1: unrecognised error" in log
+    for leaked in ("zanzibar", str(funes_server.home("alice")), "\x1b", "cannot search"):
+        assert leaked not in log
+
+
+def peak_rss(pid: int) -> int:
+    """The process's high-water mark of resident memory, in bytes (VmHWM)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
+    return int(kib) * 1024
+
+
+async def test_a_runaway_funes_output_is_read_without_being_kept(
+    funes_server: Server, fake_funes: FakeFunes
+) -> None:
+    # Given a funes that prints 100 MB for one recall
+    seed_alice(funes_server)
+    assert funes_server.process is not None
+    before = peak_rss(funes_server.process.pid)
+    fake_funes.control(mode="huge", huge_bytes=100_000_000)
+    # When the agent recalls
+    answer = await funes_server.recall("alice", "MT-4471")
+    # Then the answer is the capped head of it, and the server never held the output
+    assert answer.startswith("filler") and len(answer) <= 4000
+    assert peak_rss(funes_server.process.pid) - before < 40_000_000
 
 
 async def test_missing_binary_gives_the_fail_soft_text(
@@ -145,6 +184,46 @@ def alive(pid: int) -> bool:
         return False
 
 
+async def test_a_timed_out_recall_keeps_its_slot_until_its_process_is_gone(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    with make_server(
+        tmp_path,
+        ENGINE="funes",
+        FUNES_BIN=str(fake_funes.path),
+        RECALL_CONCURRENCY="1",
+        RECALL_TIMEOUT="0.5",
+    ).start() as server:
+        # Given a funes that takes far longer than the timeout
+        seed_alice(server)
+        fake_funes.control(mode="sleep", sleep=30)
+        # When recalls time out, one after another and then several at once
+        for _ in range(3):
+            assert await server.recall("alice", "MT-4471") == UNAVAILABLE
+        answers = await asyncio.gather(*(server.recall("alice", "MT-4471") for _ in range(4)))
+        assert answers == [UNAVAILABLE] * 4
+        # Then every recall process is gone, and no two were ever alive at once
+        pids = {e["pid"] for e in fake_funes.calls("recall")}
+        assert len(pids) >= 3
+        wait_for(lambda: not any(alive(pid) for pid in pids), timeout=5)
+        assert most_at_once(fake_funes, "recall") == 1
+
+
+def most_at_once(funes: FakeFunes, command: str) -> int:
+    """The largest number of `command` processes alive at one time, from their start and end
+    events (the stand-in records its end when killed too)."""
+    pids = {e["pid"] for e in funes.calls(command)}
+    events = [e for e in funes.events() if e["event"] in ("start", "end") and e["pid"] in pids]
+    ends = {e["pid"] for e in events if e["event"] == "end"}
+    assert ends == pids, "a process never recorded its end"
+    running, most = 0, 0
+    # at equal times an end sorts first: a process that ends as another starts is not overlap
+    for event in sorted(events, key=lambda e: (e["t"], e["event"] == "start")):
+        running += 1 if event["event"] == "start" else -1
+        most = max(most, running)
+    return most
+
+
 async def test_at_most_four_recalls_run_at_once(
     funes_server: Server, fake_funes: FakeFunes
 ) -> None:
@@ -152,13 +231,7 @@ async def test_at_most_four_recalls_run_at_once(
     fake_funes.control(mode="sleep", sleep=0.8)
     answers = await asyncio.gather(*(funes_server.recall("alice", "MT-4471") for _ in range(10)))
     assert all("MT-4471" in a for a in answers)
-    events = [e for e in fake_funes.events() if e["event"] in ("start", "end")]
-    recall_pids = {e["pid"] for e in fake_funes.calls("recall")}
-    running, most = 0, 0
-    for event in sorted((e for e in events if e["pid"] in recall_pids), key=lambda e: e["t"]):
-        running += 1 if event["event"] == "start" else -1
-        most = max(most, running)
-    assert most == 4  # bounded, and the bound is actually used
+    assert most_at_once(fake_funes, "recall") == 4  # bounded, and the bound is actually used
 
 
 @pytest.mark.parametrize(

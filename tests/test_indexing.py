@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from conftest import FakeFunes, Server, conversation, make_server, wait_for
+
+from recall.engines.base import UNAVAILABLE
 
 
 def runs(funes: FakeFunes) -> list[dict[str, Any]]:
@@ -29,6 +33,16 @@ def settle(funes: FakeFunes, expected: int, quiet: float = 1.5) -> list[dict[str
     wait_for(lambda: len(runs(funes)) >= expected, timeout=20)
     time.sleep(quiet)
     return runs(funes)
+
+
+def most_at_once(done: list[dict[str, Any]]) -> int:
+    """The largest number of runs going on at one time."""
+    edges = [(r["start"], 1) for r in done] + [(r["end"], -1) for r in done]
+    running, most = 0, 0
+    for _, step in sorted(edges):  # at equal times an end (-1) sorts before a start
+        running += step
+        most = max(most, running)
+    return most
 
 
 def post(server: Server, user: str, cid: str, n: int = 2) -> None:
@@ -103,3 +117,114 @@ def test_a_failed_run_is_logged_by_hash_and_retried_at_the_next_write(
         post(server, "alice", "c2")
         wait_for(lambda: (server.home("alice") / "indexed-funes.json").exists())
         assert len(fake_funes.calls("index")) == 2
+
+
+USERS = [f"user-{n:02d}" for n in range(12)]
+
+
+def test_twelve_users_posting_at_once_get_at_most_two_index_runs_at_a_time(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # Given slow index runs and the default INDEX_CONCURRENCY of 2
+    fake_funes.control(index_sleep=0.6)
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1") as server:
+        # When twelve users post at once
+        with ThreadPoolExecutor(len(USERS)) as posting:
+            list(posting.map(lambda user: post(server, user, f"{user}-chat"), USERS))
+        done = settle(fake_funes, len(USERS), quiet=1.0)
+        # Then every user was indexed once, never more than two at a time, and two did overlap
+        assert sorted(r["home"] for r in done) == sorted(str(server.home(u)) for u in USERS)
+        assert most_at_once(done) == 2
+
+
+def test_a_user_who_keeps_posting_waits_behind_users_who_became_due_before_her(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    fake_funes.control(index_sleep=1.0)
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.2", INDEX_CONCURRENCY="1") as server:
+        # Given alice's run going on
+        post(server, "alice", "a1")
+        wait_for(lambda: len(fake_funes.calls("index")) == 1)
+        # When three others post, then alice posts again and again during her run
+        for user in ("bob", "carol", "dave"):
+            post(server, user, f"{user}-1")
+        for i in range(4):
+            post(server, "alice", f"a-more-{i}")
+        done = sorted(settle(fake_funes, 5, quiet=1.5), key=lambda r: r["start"])
+        # Then the others run in the order they became due, and alice once more, last
+        order = ["alice", "bob", "carol", "dave", "alice"]
+        assert [r["home"] for r in done] == [str(server.home(u)) for u in order]
+        assert most_at_once(done) == 1
+
+
+def test_startup_catches_up_many_stale_users_within_the_bound(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # Given twelve users written while no index run could happen (a long debounce, then a stop)
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="60") as server:
+        for user in USERS:
+            post(server, user, f"{user}-chat")
+    assert fake_funes.calls("index") == []
+    # When the server starts again with slow index runs
+    fake_funes.control(index_sleep=0.6)
+    server.env["INDEX_DEBOUNCE"] = "0.1"
+    with server.start():
+        done = settle(fake_funes, len(USERS), quiet=1.0)
+    # Then all are caught up, never more than two at a time
+    assert sorted(r["home"] for r in done) == sorted(str(server.home(u)) for u in USERS)
+    assert most_at_once(done) == 2
+
+
+# --- an index that is gone or unreadable is rebuilt without waiting for the user's next post --
+
+
+def indexed(server: Server, user: str) -> None:
+    post(server, user, f"{user}-chat")
+    server.wait_indexed(user, timeout=20)
+    assert (server.home(user) / "memory" / "chunks.json").exists()
+
+
+async def test_a_deleted_funes_memory_is_rebuilt_when_a_recall_finds_it_gone(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1") as server:
+        # Given alice's index deleted behind the server's back
+        indexed(server, "alice")
+        shutil.rmtree(server.home("alice") / "memory")
+        # When she recalls, the answer fails soft (her conversations are stored, so it must not
+        # say there are none) and a rebuild is scheduled
+        assert await server.recall("alice", "MT-4400") == UNAVAILABLE
+        # Then, without any new post, the index comes back and recall works
+        wait_for(lambda: (server.home("alice") / "memory" / "chunks.json").exists())
+        assert "MT-4400" in await server.recall("alice", "MT-4400")
+        assert len(fake_funes.calls("index")) == 2
+
+
+async def test_an_unreadable_funes_memory_is_rebuilt_after_the_recall_that_failed_on_it(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1") as server:
+        # Given alice's memory folder still there but its store gone (funes cannot read it)
+        indexed(server, "alice")
+        (server.home("alice") / "memory" / "chunks.json").unlink()
+        # When she recalls, funes fails and the answer fails soft
+        assert await server.recall("alice", "MT-4400") == UNAVAILABLE
+        # Then the failure scheduled a run: without any new post, recall works again
+        wait_for(lambda: (server.home("alice") / "memory" / "chunks.json").exists())
+        assert "MT-4400" in await server.recall("alice", "MT-4400")
+
+
+def test_a_funes_memory_deleted_while_stopped_is_rebuilt_at_startup(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1") as server:
+        indexed(server, "alice")
+        indexed(server, "bob")
+    # Given alice's index deleted while the server was down (her marker still says indexed)
+    shutil.rmtree(server.home("alice") / "memory")
+    # When the server starts
+    with server.start():
+        # Then her index is rebuilt with no post and no recall, and only hers
+        done = settle(fake_funes, 3)
+    assert len(done) == 3 and done[-1]["home"] == str(server.home("alice"))
+    assert (server.home("alice") / "memory" / "chunks.json").exists()

@@ -24,6 +24,8 @@ def make_engine(settings: Settings) -> Engine:
             candidates=settings.recall_candidates,
             hf_home=settings.hf_home,
             index_timeout=settings.index_timeout,
+            # Room for the hint lines we strip and for multi-byte text; the rest is dropped.
+            max_output_bytes=4 * settings.max_result_chars,
         )
     # Imported here: onnxruntime is heavy, and a funes deployment never needs it.
     from recall.embedder import load_embedder
@@ -40,4 +42,7 @@ def make_engine(settings: Settings) -> Engine:
         max_chars=settings.max_result_chars,
         half_life_days=settings.recall_half_life_days,
         cache_bytes=settings.vector_cache_mb * 2**20,
+        index_timeout=settings.index_timeout,
+        index_concurrency=settings.index_concurrency,
+        recall_concurrency=settings.recall_concurrency,
     )

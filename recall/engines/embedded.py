@@ -8,18 +8,20 @@
 
 The sources are the truth; the db is a disposable index. A db that cannot be read is moved aside
 and rebuilt by the next index run; until then recall raises EngineError (the server fails soft).
+Index runs and recalls each run in their own bounded thread pool; an index run past its
+INDEX_TIMEOUT stops between flushes (each flush is one transaction, so the db stays consistent).
 Rows are keyed like funes' chunks, sha1("session:turn:block:split"), and carry a hash of the text
 that was embedded, so an index run embeds only new or changed text.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import re
 import sqlite3
 import threading
+import time
 import urllib.parse
 import uuid
 from collections import OrderedDict
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from recall.concurrency import run_in
 from recall.conversations import SOURCE_SUFFIX, read_source, source_files
 from recall.embedder import Embedder, release_freed_memory
 from recall.engines.base import EngineError
@@ -126,6 +129,28 @@ END;
 
 def db_path(home: Path) -> Path:
     return home / DB_DIR / DB_NAME
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+class _RunStop:
+    """Asked between flushes whether an index run must stop: its deadline passed, or its caller
+    was cancelled. A thread cannot be killed; stopping between transactions loses nothing."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.deadline = float("inf")
+        self.cancelled = threading.Event()
+
+    def begin(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+
+    def check(self) -> None:
+        if self.cancelled.is_set():
+            raise EngineError("embedded index run cancelled")
+        if time.monotonic() > self.deadline:
+            raise EngineError(f"embedded index run timed out after {self.timeout:g}s")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,6 +490,9 @@ class EmbeddedEngine:
         max_chars: int = 4000,
         half_life_days: float = 0.0,
         cache_bytes: int = 256 * 2**20,
+        index_timeout: float = 300.0,
+        index_concurrency: int = 2,
+        recall_concurrency: int = 4,
     ) -> None:
         self.embedder = embedder
         self.k = k
@@ -477,35 +505,48 @@ class EmbeddedEngine:
         self._cached_bytes = 0
         self._loads: dict[str, _Load] = {}  # db path -> the load in progress (one per user)
         self._cache_lock = threading.Lock()  # guards the three above
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="recall-bm25")
+        self.index_timeout = index_timeout
+        # Own bounded pools, never asyncio's shared default one (see recall/concurrency.py).
+        self._index_pool = ThreadPoolExecutor(index_concurrency, thread_name_prefix="recall-index")
+        self._recall_pool = ThreadPoolExecutor(recall_concurrency, thread_name_prefix="recall")
+        # One BM25 leg at a time per recall thread.
+        self._pool = ThreadPoolExecutor(recall_concurrency, thread_name_prefix="recall-bm25")
 
     # -- the Engine protocol -------------------------------------------------------------------
 
     def has_memory(self, home: Path) -> bool:
-        return db_path(home).is_file()
+        # The header, not just the file: a db overwritten with garbage counts as no index, so
+        # the server rebuilds it rather than failing every recall until the user posts again.
+        try:
+            with open(db_path(home), "rb") as handle:
+                return handle.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+        except OSError:
+            return False
 
     async def index(self, home: Path) -> None:
-        await asyncio.to_thread(self._index, home)
+        stop = _RunStop(self.index_timeout)
+        await run_in(self._index_pool, self._index, home, stop, on_cancel=stop.cancelled.set)
 
     async def recall(self, home: Path, query: str) -> str:
         if not query.strip():
             return ""
-        return await asyncio.to_thread(self._recall, home, query)
+        return await run_in(self._recall_pool, self._recall, home, query)
 
     # -- index ----------------------------------------------------------------------------------
 
-    def _index(self, home: Path) -> None:
+    def _index(self, home: Path, stop: _RunStop) -> None:
+        stop.begin()
         path = db_path(home)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                self._reconcile(home, path)
+                self._reconcile(home, path, stop)
             except sqlite3.DatabaseError as exc:
                 if not _is_corrupt(exc):
                     raise
                 log.warning("embedded index of %s unreadable (%s); rebuilding", home.name, exc)
                 _discard(path)
-                self._reconcile(home, path)
+                self._reconcile(home, path, stop)
         except sqlite3.Error as exc:
             raise EngineError(f"embedded index run failed: {exc}") from exc
         except OSError as exc:
@@ -513,7 +554,7 @@ class EmbeddedEngine:
         finally:
             release_freed_memory()
 
-    def _reconcile(self, home: Path, path: Path) -> None:
+    def _reconcile(self, home: Path, path: Path, stop: _RunStop) -> None:
         con = _connect(path, create=True)
         try:
             con.execute("PRAGMA journal_mode = WAL")
@@ -545,9 +586,11 @@ class EmbeddedEngine:
                 pending.append(work)
                 to_embed += sum(1 for row in work.write if row.vec is None)
                 if to_embed >= FLUSH_TEXTS or len(pending) >= FLUSH_TEXTS:
+                    stop.check()
                     self._flush(con, pending)
                     pending, to_embed = [], 0
             if pending:
+                stop.check()
                 self._flush(con, pending)
         finally:
             con.close()

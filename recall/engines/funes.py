@@ -24,6 +24,18 @@ log = logging.getLogger("recall.funes")
 HINT_LINE = re.compile(r"^[ \t]*→ get .*(?:\n|$)", re.MULTILINE)
 LOCKED = "another funes memory operation is in progress"
 KILL_GRACE = 1.0
+READ_CHUNK = 64 * 1024
+MAX_OUTPUT_BYTES = 64 * 1024  # stdout kept per call; more is read and dropped, never stored
+STDERR_TAIL_BYTES = 8 * 1024  # enough for the last message, which is all we look at
+# What a failure is, told from funes' stderr. Only these fixed words reach the log: stderr may
+# echo the query or name paths, so its text never does.
+FAILURE_KINDS = (
+    (re.compile(re.escape(LOCKED)), "memory locked by another run"),
+    (re.compile(r"model.*(not found|missing)|(not found|missing).*model", re.I), "model missing"),
+    (re.compile(r"no memory", re.I), "no memory"),
+    (re.compile(r"rejected", re.I), "a source file was rejected"),
+    (re.compile(r"unexpected argument|usage:", re.I), "bad arguments"),
+)
 
 
 def find_funes(configured: str | None) -> str | None:
@@ -41,12 +53,17 @@ class ProcessResult:
 
 
 async def run_process(
-    argv: list[str], env: dict[str, str], timeout: float | None = None
+    argv: list[str],
+    env: dict[str, str],
+    timeout: float | None = None,
+    max_output_bytes: int = MAX_OUTPUT_BYTES,
 ) -> ProcessResult:
     """Run a child in its own process group; on timeout or cancellation, kill the whole group.
 
     funes can start children of its own (git, a secret scanner); killing only the direct child
-    would leave them holding the pipes, and `wait()` would hang.
+    would leave them holding the pipes, and `wait()` would hang. Its stdout is kept up to
+    ``max_output_bytes`` and its stderr's last few KiB: the rest is read and dropped, so a
+    runaway output costs neither memory nor a blocked child.
     """
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -56,8 +73,16 @@ async def run_process(
         env=env,
         start_new_session=True,
     )
+    assert proc.stdout is not None and proc.stderr is not None
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        out, err, _ = await asyncio.wait_for(
+            asyncio.gather(
+                _read_head(proc.stdout, max_output_bytes),
+                _read_tail(proc.stderr, STDERR_TAIL_BYTES),
+                proc.wait(),
+            ),
+            timeout,
+        )
     except BaseException:  # timeout, or the caller was cancelled (client went away)
         await _kill_group(proc)
         raise
@@ -65,6 +90,22 @@ async def run_process(
     return ProcessResult(
         proc.returncode, out.decode(errors="replace"), err.decode("utf-8", "replace")
     )
+
+
+async def _read_head(stream: asyncio.StreamReader, limit: int) -> bytes:
+    kept = bytearray()
+    while chunk := await stream.read(READ_CHUNK):
+        if len(kept) < limit:
+            kept += chunk[: limit - len(kept)]
+    return bytes(kept)
+
+
+async def _read_tail(stream: asyncio.StreamReader, limit: int) -> bytes:
+    kept = bytearray()
+    while chunk := await stream.read(READ_CHUNK):
+        kept += chunk
+        del kept[:-limit]
+    return bytes(kept)
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -97,6 +138,7 @@ class FunesEngine:
         hf_home: Path | None = None,
         index_timeout: float = 300.0,
         lock_retries: int = 5,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
     ) -> None:
         self.binary = binary
         self.k = k
@@ -104,6 +146,7 @@ class FunesEngine:
         self.hf_home = hf_home
         self.index_timeout = index_timeout
         self.lock_retries = lock_retries
+        self.max_output_bytes = max_output_bytes
 
     def _env(self, home: Path) -> dict[str, str]:
         # A cleared environment: funes sees its memory, its models, offline mode and PATH only.
@@ -123,7 +166,9 @@ class FunesEngine:
         argv = [self.binary, "index", "--yes", str(home / "src")]
         for attempt in range(self.lock_retries + 1):
             try:
-                result = await run_process(argv, self._env(home), self.index_timeout)
+                result = await run_process(
+                    argv, self._env(home), self.index_timeout, self.max_output_bytes
+                )
             except TimeoutError as exc:
                 raise EngineError(f"funes index timed out after {self.index_timeout:g}s") from exc
             except OSError as exc:
@@ -133,21 +178,29 @@ class FunesEngine:
             if LOCKED in result.stderr and attempt < self.lock_retries:
                 await asyncio.sleep(0.5 * (attempt + 1))  # someone else holds the memory: retry
                 continue
-            raise EngineError(f"funes index exited {result.code}: {_last_line(result.stderr)}")
+            raise EngineError(f"funes index exited {result.code}: {failure_kind(result.stderr)}")
 
     async def recall(self, home: Path, query: str) -> str:
         # `--` so a user who types "-k 100" is searching for that text, not passing a flag.
         argv = [self.binary, "recall", "-k", str(self.k), "--candidates", str(self.candidates)]
         try:
-            result = await run_process([*argv, "--", query], self._env(home))
+            result = await run_process(
+                [*argv, "--", query], self._env(home), max_output_bytes=self.max_output_bytes
+            )
         except OSError as exc:
             raise EngineError(f"funes could not start: {exc.strerror}") from exc
         if result.code != 0:
-            raise EngineError(f"funes recall exited {result.code}: {_last_line(result.stderr)}")
+            raise EngineError(f"funes recall exited {result.code}: {failure_kind(result.stderr)}")
         text = HINT_LINE.sub("", result.stdout).strip()
         return "" if text == "no results" else text
 
 
-def _last_line(stderr: str) -> str:
+def failure_kind(stderr: str) -> str:
+    """A fixed description of what went wrong, never the text itself (see FAILURE_KINDS)."""
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return lines[-1][:200] if lines else "(no message)"
+    if not lines:
+        return "no message"
+    for pattern, kind in FAILURE_KINDS:
+        if pattern.search(lines[-1]):
+            return kind
+    return "unrecognised error (stderr not logged: it may hold user text)"

@@ -1,0 +1,123 @@
+"""The real server on the embedded engine under load and damage: the gateway's posts never wait
+behind index runs, and an index that is corrupt is rebuilt without waiting for a new post."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import Server, conversation, make_server, turn, wait_for
+
+from recall.engines.base import UNAVAILABLE
+from recall.engines.embedded import db_path
+from recall.scheduler import needs_index
+
+USERS = ["alice", "bob", *(f"user-{n}" for n in range(2, 8))]
+STAMP = "2026-10-08T09:00:00."  # + a fraction: one distinct, valid timestamp per turn
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with make_server(tmp_path, ENGINE="embedded", INDEX_DEBOUNCE="0.1").start() as server:
+        yield server
+
+
+def long_conversation(user: str, cid: str, turns: int) -> dict[str, object]:
+    """`turns` turns of about 1,100 characters each: one embedded piece per turn."""
+    text = " ".join(f"word{j % 997}" for j in range(140))
+    return {
+        "user": user,
+        "conversation_id": cid,
+        "turns": [
+            turn(("user", "assistant")[i % 2], f"{user} turn {i}: {text}", f"{STAMP}{i:04d}Z")
+            for i in range(turns)
+        ],
+    }
+
+
+def timed_posts(server: Server, bodies: list[dict[str, object]]) -> list[float]:
+    """Post all bodies at once, as a busy gateway does; the seconds each took to answer 202."""
+
+    def one(body: dict[str, object]) -> float:
+        started = time.monotonic()
+        status, _ = server.post(body)
+        assert status == 202
+        return time.monotonic() - started
+
+    with ThreadPoolExecutor(len(bodies)) as posting:
+        return list(posting.map(one, bodies))
+
+
+def indexing(server: Server) -> bool:
+    return any(needs_index(server.home(user), "embedded") for user in USERS)
+
+
+async def test_posts_for_eight_users_answer_within_a_second_while_they_index(
+    server: Server,
+) -> None:
+    # Given alice searchable, then eight users' long histories arriving, so that index runs
+    # for all of them are due at once (on onnxruntime, with real embedding)
+    assert server.post(conversation("alice", "first", "Ticket MT-4471 is owned by Priya."))[0]
+    server.wait_indexed("alice")
+    timed_posts(server, [long_conversation(user, "history", 40) for user in USERS])
+    wait_for(lambda: any(db_path(server.home(u)).exists() for u in USERS[1:]), timeout=30)
+    # When they keep posting while those runs go on
+    took = []
+    for round_ in range(3):
+        bodies = [conversation(user, f"chat-{round_}", "A new turn.", "Noted.") for user in USERS]
+        took += timed_posts(server, bodies)
+        await asyncio.sleep(0.3)
+    still_indexing = indexing(server)
+    answer = await server.recall("alice", "MT-4471 owner")
+    # Then every post answered within a second, and a recall during the runs answered too
+    assert still_indexing, "the index runs ended before the posts: the test proved nothing"
+    assert max(took) < 1.0, f"slowest post took {max(took):.2f}s"
+    assert "Priya" in answer
+    server.wait_indexed(*USERS)
+
+
+def corrupt(path: Path, keep_header: bool) -> None:
+    """Overwrite a SQLite db with garbage; with its 16-byte header kept, it still looks like one."""
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+    header = path.read_bytes()[:16] if keep_header else b""
+    path.write_bytes(header + b"this is not a database at all " * 200)
+
+
+def runs_for(server: Server, user: str) -> int:
+    return server.log().count(f"indexed user {server.home(user).name}")
+
+
+@pytest.mark.parametrize("keep_header", [False, True], ids=["garbage", "garbage-behind-header"])
+async def test_a_corrupt_db_is_rebuilt_after_the_recall_that_found_it(
+    server: Server, keep_header: bool
+) -> None:
+    # Given alice's index overwritten with garbage
+    assert server.post(conversation("alice", "c1", "Ticket MT-4471 is owned by Priya."))[0]
+    server.wait_indexed("alice")
+    assert "Priya" in await server.recall("alice", "MT-4471")
+    runs = runs_for(server, "alice")
+    corrupt(db_path(server.home("alice")), keep_header)
+    # When she recalls, it fails soft
+    assert await server.recall("alice", "MT-4471") == UNAVAILABLE
+    # Then a run rebuilds the index with no new post, and recall works again
+    wait_for(lambda: runs_for(server, "alice") > runs, timeout=60)
+    assert "Priya" in await server.recall("alice", "MT-4471")
+
+
+async def test_a_db_corrupted_while_stopped_is_rebuilt_at_startup(server: Server) -> None:
+    assert server.post(conversation("alice", "c1", "Ticket MT-4471 is owned by Priya."))[0]
+    server.wait_indexed("alice")
+    server.stop()
+    # Given alice's index overwritten with garbage while the server was down
+    corrupt(db_path(server.home("alice")), keep_header=False)
+    runs = runs_for(server, "alice")
+    # When the server starts
+    server.start()
+    # Then her index is rebuilt before anyone asks, and her first recall finds it
+    wait_for(lambda: runs_for(server, "alice") > runs, timeout=60)
+    assert "Priya" in await server.recall("alice", "MT-4471")
