@@ -31,12 +31,11 @@ from typing import Any
 
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from recall.auth import ConfigError, build_verifier, user_from_token
+from recall.auth import build_verifier, user_from_token
 from recall.concurrency import BoundedRuns, run_in
 from recall.conversations import (
     InvalidConversation,
@@ -48,7 +47,7 @@ from recall.conversations import (
 from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
 from recall.scheduler import IndexScheduler, index_and_mark, index_stale
-from recall.settings import Settings
+from recall.settings import ConfigError, Settings, load_settings
 from recall.transport import fit_descriptor_limit, serve
 
 log = logging.getLogger("recall")
@@ -223,10 +222,9 @@ def main() -> None:
 
         sys.exit(backfill(sys.argv[2:]))
     try:
-        settings = Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        sys.exit(f"recall-server: bad setting {str(first['loc'][0]).upper()}: {first['msg']}")
+        settings = load_settings()
+    except ConfigError as exc:
+        sys.exit(f"recall-server: {exc}")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

@@ -8,7 +8,7 @@ import logging
 from fastmcp.server.auth import AccessToken, TokenVerifier
 from fastmcp.server.auth.providers.jwt import JWTVerifier, StaticTokenVerifier
 
-from recall.settings import Settings
+from recall.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +23,6 @@ REFUSAL_REASONS = (
     ("scopes", "missing required scopes"),
     ("signature/format", "signature or format invalid"),
 )
-
-
-class ConfigError(Exception):
-    """The server cannot start with this configuration."""
 
 
 class CallerNamesWithheld(logging.Filter):
