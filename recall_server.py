@@ -32,12 +32,12 @@ from typing import Annotated, Any
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
 from mcp_types import ToolAnnotations
-from pydantic import Field, ValidationError
+from pydantic import Field
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from recall.auth import ConfigError, build_verifier, user_from_token
+from recall.auth import build_verifier, user_from_token
 from recall.concurrency import BoundedRuns, run_in
 from recall.conversations import (
     InvalidConversation,
@@ -50,7 +50,7 @@ from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
 from recall.logs import configure_logging
 from recall.scheduler import IndexScheduler, index_and_mark, index_stale
-from recall.settings import Settings, settings_help
+from recall.settings import ConfigError, Settings, load_settings, settings_help
 from recall.transport import fit_descriptor_limit, serve
 
 log = logging.getLogger("recall")
@@ -268,10 +268,9 @@ def main() -> None:
         print(f"recall-server: unknown argument {arguments[0]!r}; see --help", file=sys.stderr)
         sys.exit(2)
     try:
-        settings = Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        sys.exit(f"recall-server: bad setting {str(first['loc'][0]).upper()}: {first['msg']}")
+        settings = load_settings()
+    except ConfigError as exc:
+        sys.exit(f"recall-server: {exc}")
     configure_logging(settings.log_level)
     try:
         app = create_app(settings)

@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import re
-import secrets
 import sys
 import tempfile
 import time
@@ -46,8 +45,8 @@ from fastmcp import Client
 
 from benchmark.run import load_by_backfill, machine, timing
 from recall.conversations import parse_conversation, user_dir_name, write_conversation
-from recall.devserver import ROOT, LocalServer
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Engine
+from recall.testing import ROOT, LocalServer, make_server
 from recall_server import MAX_QUERY_CHARS
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo-dev.json"
@@ -350,14 +349,9 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
 # --- the tool, through a real server ----------------------------------------------------------
 
 
-def locomo_server(
-    workdir: Path, engine: str, k: int, tokens: dict[str, str], key: str
-) -> LocalServer:
-    tokens_file = workdir / "tokens.json"
-    tokens_file.write_text(json.dumps({token: user for user, token in tokens.items()}))
-    settings = {"ENGINE": engine, "INGEST_KEY": key, "AUTH_TOKENS_FILE": str(tokens_file)}
-    settings.update(SETTINGS_AT[k], LOG_LEVEL="WARNING")
-    return LocalServer.create(workdir / "data", workdir / f"server-k{k}.log", tokens, **settings)
+def locomo_server(workdir: Path, engine: str, k: int, users: list[str]) -> LocalServer:
+    settings = {"ENGINE": engine, **SETTINGS_AT[k], "LOG_LEVEL": "WARNING"}
+    return make_server(workdir, users=users, log_name=f"server-k{k}.log", **settings)
 
 
 async def ask_tool(live: LocalServer, history: LocomoHistory) -> Answers:
@@ -390,14 +384,12 @@ def measure_locomo(
 
     Returns (figures, misses)."""
     histories = load_locomo(path)
-    tokens = {h.user: secrets.token_urlsafe(24) for h in histories}
-    key = secrets.token_hex(16)
     answers: dict[int, dict[str, Answers]] = {}
     loading: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix=f"bench-locomo-{engine}-") as tmp:
         workdir = Path(tmp)
         for k in KS:
-            live = locomo_server(workdir, engine, k, tokens, key)
+            live = locomo_server(workdir, engine, k, [h.user for h in histories])
             if k == KS[0] and not post:
                 bodies = [body for h in histories for body in h.bodies]
                 loading = {"how": "backfill"} | load_by_backfill(live, bodies, workdir)

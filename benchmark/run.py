@@ -35,9 +35,9 @@ from fastmcp import Client
 
 from benchmark.history import History, Question, generate
 from recall.conversations import user_dir_name
-from recall.devserver import ROOT, LocalServer
 from recall.engines import make_engine
 from recall.settings import Settings
+from recall.testing import ROOT, LocalServer, make_server
 
 RESULTS = ROOT / "benchmark" / "results"
 SIZES = (1_000, 3_000, 10_000)
@@ -71,15 +71,12 @@ def disk_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
-def server(workdir: Path, engine: str, k: int, token: str, key: str) -> LocalServer:
-    tokens_file = workdir / "tokens.json"
-    tokens_file.write_text(json.dumps({token: USER}))
-    settings = {"ENGINE": engine, "INGEST_KEY": key, "AUTH_TOKENS_FILE": str(tokens_file)}
-    settings.update(RECALL_K=str(k), MAX_RESULT_CHARS=str(CAP[k]), LOG_LEVEL="WARNING")
+def server(workdir: Path, engine: str, k: int) -> LocalServer:
+    settings = {"ENGINE": engine, "RECALL_K": str(k), "MAX_RESULT_CHARS": str(CAP[k])}
+    settings["LOG_LEVEL"] = "WARNING"
     if os.environ.get("FUNES_BIN"):
         settings["FUNES_BIN"] = os.environ["FUNES_BIN"]
-    log = workdir / f"server-k{k}.log"
-    return LocalServer.create(workdir / "data", log, {USER: token}, **settings)
+    return make_server(workdir, users=[USER], log_name=f"server-k{k}.log", **settings)
 
 
 def load_by_posting(live: LocalServer, history: History) -> dict[str, float]:
@@ -177,12 +174,11 @@ async def engine_alone(data_dir: Path, engine: str, questions: list[Question]) -
 
 def measure(size: int, engine: str, questions: int = 100, seed: int = 7) -> dict[str, Any]:
     history = generate(size, seed=seed, questions=questions)
-    token, key = secrets.token_urlsafe(24), secrets.token_hex(16)
     result: dict[str, Any] = {"size": size, "engine": engine, "questions": len(history.questions)}
     with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-{size}-") as tmp:
         workdir = Path(tmp)
         for k in (3, 8):
-            live = server(workdir, engine, k, token, key)
+            live = server(workdir, engine, k)
             if k == 3 and size > POST_UP_TO:
                 result.update(load_by_backfill(live, history.conversations, workdir))
             with live.start(timeout=120):

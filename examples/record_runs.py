@@ -25,7 +25,7 @@ from pathlib import Path
 
 from fastmcp import Client
 
-from recall.devserver import LocalServer
+from recall.testing import LocalServer
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS_FILE = ROOT / "examples" / "tokens.json"

@@ -6,5 +6,9 @@ Write path: conversations (validate a posted conversation, write it in funes for
 
 Where new code goes: names HTTP or MCP -> recall_server.py; says what a conversation or a user
 directory is -> conversations.py; decides when to index -> scheduler.py; searches -> one engine
-behind engines/base.py; reads the environment -> settings.py.
+behind engines/base.py; reads the environment or refuses a configuration -> settings.py; starts
+a real server for tests, the benchmark or a demo -> testing.py. In the embedded engine
+(engines/embedded/): a word rule -> text.py; what is stored -> store.py (with a SCHEMA bump); how
+hits rank -> search.py (judged by the benchmark); what the agent reads -> render.py (a contract);
+when and on which thread, caching, recovery -> engine.py.
 """

@@ -11,7 +11,7 @@ from fastmcp.utilities.auth import decode_jwt_header
 from joserfc import jwk
 from joserfc.errors import JoseError
 
-from recall.settings import PUBLIC_KEY_ALGORITHMS, Settings
+from recall.settings import PUBLIC_KEY_ALGORITHMS, ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,6 @@ REFUSAL_REASONS = (
 )
 # Algorithms a refusal may name; anything else in a token's header is the caller's free text.
 KNOWN_ALGORITHMS = frozenset({*PUBLIC_KEY_ALGORITHMS, "HS256", "HS384", "HS512", "none"})
-
-
-class ConfigError(Exception):
-    """The server cannot start with this configuration."""
 
 
 class CallerNamesWithheld(logging.Filter):

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from recall.auth import ConfigError
 from recall.conversations import (
     Conversation,
     InvalidConversation,
@@ -32,7 +31,7 @@ from recall.conversations import (
 from recall.engines import make_engine
 from recall.engines.base import Engine, EngineError
 from recall.scheduler import index_and_mark
-from recall.settings import Settings
+from recall.settings import ConfigError, Settings, load_settings
 
 BATCH = 500  # conversations written between index runs: progress granularity vs. run overhead
 
@@ -127,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recall-server backfill: {args.source}: no such file or directory", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"recall-server backfill: {exc}", file=sys.stderr)
+        return 2
     limits = settings.limits()
     try:
         conversations, refused = load(args.source, limits)

@@ -1,4 +1,4 @@
-"""Every setting is an environment variable with the same name (DEVELOPERS.md fixes the names)."""
+"""Every setting is an environment variable with the same name (README.md's settings table)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from ipaddress import ip_address
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from recall.conversations import Limits
@@ -24,6 +24,10 @@ PUBLIC_KEY_ALGORITHMS = (
 def shown(default: str) -> dict[str, str]:
     """How a setting's default reads in --help and README.md, where its value says too little."""
     return {"shown_default": default}  # in parentheses: it is a note, not a value
+
+
+class ConfigError(Exception):
+    """The server cannot start with this configuration."""
 
 
 class Settings(BaseSettings):
@@ -255,6 +259,15 @@ def is_placeholder_key(key: str) -> bool:
     """A sample value (e.g. compose's old default) or one character repeated: not a secret."""
     lowered = key.lower()
     return len(set(key)) == 1 or any(mark in lowered for mark in PLACEHOLDER_MARKS)
+
+
+def load_settings() -> Settings:
+    """The settings from the environment; ConfigError naming the first bad one."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"bad setting {str(first['loc'][0]).upper()}: {first['msg']}") from exc
 
 
 def _is_loopback_address(host: str) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -13,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from recall.devserver import LocalServer
+from recall import testing
+from recall.testing import LocalServer
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_FUNES = Path(__file__).resolve().parent / "fake_funes.py"
@@ -75,19 +75,10 @@ Server = LocalServer
 
 
 def make_server(tmp_path: Path, **settings: str) -> LocalServer:
-    """A server with a fresh data directory, a generated ingest key and generated tokens."""
-    tokens = {user: secrets.token_urlsafe(24) for user in ("alice", "bob")}
-    tokens_file = tmp_path / "tokens.json"
-    tokens_file.write_text(json.dumps({token: user for user, token in tokens.items()}))
-    defaults = {
-        "INGEST_KEY": secrets.token_hex(16),
-        "AUTH_TOKENS_FILE": str(tokens_file),
-        "INDEX_DEBOUNCE": "0.2",
-        "LOG_LEVEL": "INFO",
-    }
-    return LocalServer.create(
-        tmp_path / "data", tmp_path / "server.log", tokens, **{**defaults, **settings}
-    )
+    """A server for alice and bob (recall.testing.make_server), with a short debounce so an index
+    run follows a post quickly."""
+    defaults = {"INDEX_DEBOUNCE": "0.2", "LOG_LEVEL": "INFO"}
+    return testing.make_server(tmp_path, **{**defaults, **settings})
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, make_server
 
-from recall.devserver import free_port
 from recall.settings import Settings
+from recall.testing import free_port
 
 
 def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -46,6 +46,26 @@ def test_backfill_of_a_missing_file_exits_2_with_one_line(tmp_path: Path) -> Non
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert "missing.jsonl: no such file or directory" in done.stderr
+
+
+def test_a_bad_setting_stops_the_server_with_one_line_naming_it(tmp_path: Path) -> None:
+    env = make_server(tmp_path, ENGINE="embedded", RECALL_K="0").env
+    done = run("recall_server.py", env=env)
+    assert done.returncode == 1
+    assert done.stderr.startswith("recall-server: bad setting RECALL_K: ")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_setting_stops_the_backfill_with_exit_2_and_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    env = make_server(tmp_path, ENGINE="embedded", RECALL_K="0").env
+    source = tmp_path / "history.jsonl"
+    source.write_text("")
+    done = run("recall_server.py", "backfill", str(source), env=env)
+    assert done.returncode == 2
+    assert done.stderr.startswith("recall-server backfill: bad setting RECALL_K: ")
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_seeder_with_wait_posts_once_the_server_comes_up(tmp_path: Path) -> None:

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import FakeFunes, make_server
 
-from recall.auth import ConfigError
 from recall.engines import make_engine
-from recall.settings import Settings
+from recall.settings import ConfigError, Settings
 
 
 def settings(**values: object) -> Settings:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from recall.devserver import PASSED_THROUGH, free_port
+from recall.testing import PASSED_THROUGH, free_port
 
 README = ROOT / "README.md"
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q ."

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from recall.auth import ConfigError
 from recall.engines.base import Engine
 from recall.engines.funes import FunesEngine, find_funes
-from recall.settings import Settings
+from recall.settings import ConfigError, Settings
 
 log = logging.getLogger("recall")
 

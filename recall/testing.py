@@ -2,18 +2,21 @@
 
 Started exactly as an operator starts it (`python recall_server.py` with environment settings),
 so whatever uses it exercises the real HTTP server, the real MCP transport and real tokens.
+`make_server` is the one way tests and the benchmark build one: generated key and tokens.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,8 @@ from recall.conversations import user_dir_name
 from recall.scheduler import needs_index
 
 ROOT = Path(__file__).resolve().parent.parent
-# This machine's numpy safety settings (see the environment notes) travel with the child.
+# The host's OpenBLAS settings travel with the child: on some processors older OpenBLAS builds
+# compute wrong results or crash without them.
 PASSED_THROUGH = ("PATH", "LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
@@ -138,3 +142,22 @@ class LocalServer:
 
     def home(self, user: str) -> Path:
         return self.data_dir / user_dir_name(user)
+
+
+def make_server(
+    workdir: Path,
+    *,
+    users: Iterable[str] = ("alice", "bob"),
+    log_name: str = "server.log",
+    **settings: str,
+) -> LocalServer:
+    """A server (not yet started) with its data in ``workdir/data``, a generated ingest key and a
+    generated bearer token per user (``workdir/tokens.json``); ``settings`` are environment
+    variables that add to or override those."""
+    tokens = {user: secrets.token_urlsafe(24) for user in users}
+    tokens_file = workdir / "tokens.json"
+    tokens_file.write_text(json.dumps({token: user for user, token in tokens.items()}))
+    defaults = {"INGEST_KEY": secrets.token_hex(16), "AUTH_TOKENS_FILE": str(tokens_file)}
+    return LocalServer.create(
+        workdir / "data", workdir / log_name, tokens, **{**defaults, **settings}
+    )

@@ -1,0 +1,291 @@
+"""The embedded engine: hybrid search in-process, one SQLite file per user, no subprocess.
+
+    index:  home/src/*.funes.jsonl -> pieces -> embed what is new -> home/embedded/recall.db
+            (store.py)
+    recall: query -> Query (text.py) -> BM25 + exact cosine over the user's cached matrix,
+            fused, top k (search.py) -> passages with the turns before and after, under
+            max_chars (render.py)
+
+This module is the seam (index, recall), the thread hops, the handling of a corrupt db and the
+per-user cache of vector matrices. The sources are the truth; the db is a disposable index. A db
+that cannot be read is moved aside and rebuilt by the next index run; until then recall raises
+EngineError (the server fails soft). Index runs and recalls each run in their own bounded thread
+pool; an index run past its INDEX_TIMEOUT stops between flushes (each flush is one transaction,
+so the db stays consistent).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from recall.concurrency import run_in
+from recall.embedder import Embedder, release_freed_memory
+from recall.engines.base import EngineError
+from recall.engines.embedded.render import render
+from recall.engines.embedded.search import (
+    DENSE_WEIGHT,
+    LEXICAL_WEIGHT,
+    Hit,
+    common_floor,
+    dense,
+    fuse,
+    lexical,
+    top_hits,
+)
+from recall.engines.embedded.store import (
+    common_stems,
+    connect,
+    db_path,
+    discard,
+    generation,
+    is_corrupt,
+    load_vectors,
+    looks_like_db,
+    neighbours,
+    reconcile,
+)
+from recall.engines.embedded.text import Query
+
+log = logging.getLogger("recall.embedded")
+
+
+@dataclass(frozen=True)
+class _Vectors:
+    """One user's vectors as a matrix, valid for one db generation."""
+
+    generation: str
+    ids: np.ndarray  # int64 chunk rowids, row i of the matrix is ids[i]
+    matrix: np.ndarray  # float32, n x dim, unit rows
+    newest: float  # epoch of the newest turn: recency is relative to the user's own history
+    common: frozenset[str]  # stems found in more than COMMON_SHARE of the passages
+
+    @property
+    def nbytes(self) -> int:
+        """What the cache counts against its budget: the arrays (the common stems are small)."""
+        return self.ids.nbytes + self.matrix.nbytes
+
+
+class _RunStop:
+    """Asked between flushes whether an index run must stop: its deadline passed, or its caller
+    was cancelled. A thread cannot be killed; stopping between transactions loses nothing."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.deadline = float("inf")
+        self.cancelled = threading.Event()
+
+    def begin(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+
+    def check(self) -> None:
+        if self.cancelled.is_set():
+            raise EngineError("embedded index run cancelled")
+        if time.monotonic() > self.deadline:
+            raise EngineError(f"embedded index run timed out after {self.timeout:g}s")
+
+
+@dataclass
+class _Load:
+    """One user's matrix being loaded; recalls that miss the cache meanwhile wait for it."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    vectors: _Vectors | None = None  # set when the load succeeded
+
+
+class EmbeddedEngine:
+    """Hybrid BM25 + dense recall over one user's sources, stored in ``home/embedded``."""
+
+    name = "embedded"
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        k: int = 3,
+        candidates: int = 8,
+        max_chars: int = 4000,
+        half_life_days: float = 0.0,
+        cache_bytes: int = 256 * 2**20,
+        index_timeout: float = 300.0,
+        index_concurrency: int = 2,
+        recall_concurrency: int = 4,
+    ) -> None:
+        self.embedder = embedder
+        self.k = k
+        self.candidates = max(candidates, k)
+        self.max_chars = max_chars
+        self.half_life_days = half_life_days
+        # The matrices of recent users, least recently used first, at most cache_bytes in all.
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, _Vectors] = OrderedDict()
+        self._cached_bytes = 0
+        self._loads: dict[str, _Load] = {}  # db path -> the load in progress (one per user)
+        self._cache_lock = threading.Lock()  # guards the three above
+        self.index_timeout = index_timeout
+        # Own bounded pools, never asyncio's shared default one (see recall/concurrency.py).
+        self._index_pool = ThreadPoolExecutor(index_concurrency, thread_name_prefix="recall-index")
+        self._recall_pool = ThreadPoolExecutor(recall_concurrency, thread_name_prefix="recall")
+        # One BM25 leg at a time per recall thread.
+        self._pool = ThreadPoolExecutor(recall_concurrency, thread_name_prefix="recall-bm25")
+
+    # -- the Engine protocol -------------------------------------------------------------------
+
+    def has_memory(self, home: Path) -> bool:
+        # The header, not just the file: a db overwritten with garbage counts as no index, so
+        # the server rebuilds it rather than failing every recall until the user posts again.
+        return looks_like_db(db_path(home))
+
+    async def index(self, home: Path) -> None:
+        stop = _RunStop(self.index_timeout)
+        await run_in(self._index_pool, self._index, home, stop, on_cancel=stop.cancelled.set)
+
+    async def recall(self, home: Path, query: str) -> str:
+        if not query.strip():
+            return ""
+        return await run_in(self._recall_pool, self._recall, home, query)
+
+    # -- index ----------------------------------------------------------------------------------
+
+    def _index(self, home: Path, stop: _RunStop) -> None:
+        stop.begin()
+        path = db_path(home)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                reconcile(home, path, self.embedder, stop.check)
+            except sqlite3.DatabaseError as exc:
+                if not is_corrupt(exc):
+                    raise
+                log.warning("embedded index of %s unreadable (%s); rebuilding", home.name, exc)
+                discard(path)
+                reconcile(home, path, self.embedder, stop.check)
+        except sqlite3.Error as exc:
+            raise EngineError(f"embedded index run failed: {exc}") from exc
+        except OSError as exc:
+            raise EngineError(f"embedded index run failed: {exc.strerror or exc}") from exc
+        finally:
+            release_freed_memory()
+
+    # -- recall ---------------------------------------------------------------------------------
+
+    def _recall(self, home: Path, text: str) -> str:
+        path = db_path(home)
+        if not path.is_file():
+            return ""
+        query = Query.parse(text)  # once: the search and the rendering read the same analysis
+        try:
+            con = connect(path, create=False)
+            try:
+                con.execute("BEGIN")  # one snapshot for the matrix, the FTS and the rows
+                hits = self._search(con, str(path), query)
+                with_neighbours = [(hit, neighbours(con, hit.conv, hit.seq)) for hit in hits]
+                con.execute("COMMIT")
+            finally:
+                con.close()
+        except sqlite3.Error as exc:
+            raise EngineError(f"embedded index unreadable: {type(exc).__name__}") from exc
+        return render(with_neighbours, query, self.max_chars)
+
+    def _search(self, con: sqlite3.Connection, key: str, query: Query) -> list[Hit]:
+        vectors = self._vectors(con, key)
+        # BM25 runs on a worker thread while this one embeds the query: the two take about as
+        # long, and SQLite and onnxruntime both release the GIL. The connection is used by one
+        # thread at a time (this one waits for the result before touching it again).
+        future = (
+            self._pool.submit(lexical, con, query, vectors.common, self.candidates)
+            if query.terms
+            else None
+        )
+        try:
+            qvec = self.embedder.embed([query.text])[0]
+        finally:
+            if future is not None:
+                wait([future])  # the connection must be idle before it is used or closed
+        by_words = future.result() if future is not None else []
+        by_meaning = dense(vectors.ids, vectors.matrix, qvec, self.candidates)
+        fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words, LEXICAL_WEIGHT)])
+        return top_hits(
+            con, fused, k=self.k, newest=vectors.newest, half_life_days=self.half_life_days
+        )
+
+    def _vectors(self, con: sqlite3.Connection, key: str) -> _Vectors:
+        """The user's matrix from the cache, reloaded when an index run changed the db.
+
+        Single flight: recalls that miss for the same user wait for one load instead of each
+        building the full matrix; different users load in parallel.
+        """
+        current = generation(con)
+        while True:
+            with self._cache_lock:
+                cached = self._cache.get(key)
+                if cached is not None and cached.generation == current:
+                    self._cache.move_to_end(key)
+                    return cached
+                load = self._loads.get(key)
+                if load is None:
+                    load = self._loads[key] = _Load()
+                    break  # this recall loads
+            load.done.wait()
+            # The load may have read another generation (an index run committed in between),
+            # failed, or been too large to cache: then check the cache again or load ourselves.
+            if load.vectors is not None and load.vectors.generation == current:
+                return load.vectors
+        try:
+            load.vectors = self._load_vectors(con, current)
+        finally:
+            with self._cache_lock:
+                del self._loads[key]
+                if load.vectors is not None:
+                    self._keep(key, load.vectors)
+                cached_bytes = self._cached_bytes
+            load.done.set()
+        vectors = load.vectors
+        # The db path names the user's directory, a hash; never the user id.
+        log.debug(
+            "vectors of %s: %d rows, %.1f MB (cache %.1f of %.1f MB)",
+            Path(key).parent.parent.name,
+            len(vectors.ids),
+            vectors.nbytes / 2**20,
+            cached_bytes / 2**20,
+            self.cache_bytes / 2**20,
+        )
+        return vectors
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the cached matrices hold now (at most cache_bytes)."""
+        with self._cache_lock:
+            return self._cached_bytes
+
+    def _keep(self, key: str, vectors: _Vectors) -> None:
+        """Cache a matrix, evicting the least recently used until the cache fits its budget.
+
+        A matrix larger than the whole budget is not cached: it serves the recall (and any that
+        waited for it) and is then freed, so the budget holds even for one huge user, who pays a
+        reload per recall. Called with the cache lock held.
+        """
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cached_bytes -= old.nbytes
+        if vectors.nbytes > self.cache_bytes:
+            return
+        self._cache[key] = vectors
+        self._cached_bytes += vectors.nbytes
+        while self._cached_bytes > self.cache_bytes:
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_bytes -= evicted.nbytes
+
+    def _load_vectors(self, con: sqlite3.Connection, generation: str) -> _Vectors:
+        """Build the user's matrix (and common stems) from the db, in the caller's snapshot."""
+        ids, matrix, newest = load_vectors(con, self.embedder.dim)
+        common = common_stems(con, common_floor(len(ids)))
+        return _Vectors(generation, ids, matrix, newest, common)

@@ -1,0 +1,103 @@
+"""The passage format: what the agent reads. A contract (docs/CONTRACTS.md), pinned byte for byte
+by tests/test_render.py; change it only on purpose.
+
+Each hit, best first, is one block:
+
+    [2026-10-08 14:05 UTC] user
+    <the passage, whole, or an excerpt around the query's identifier when it must be cut>
+      ~ before (assistant): <the turn before, on one line, whole where it fits>
+      ~ after (assistant): <the turn after>
+    ---
+
+- The header is the turn's time in UTC and its role; no conversation ids, chunk ids or paths.
+- The whole answer is at most ``max_chars`` characters. Each hit gets a fair share of what the
+  ones before it left; a hit that cannot fit a useful line is left out.
+- Within a block the passage comes first: a neighbour keeps up to NEIGHBOUR_MIN characters (whole
+  when shorter) unless the passage alone would not fit. A passage that must be cut keeps in
+  view the first query term it contains (the query's identifiers before its other words): when
+  that term is not near the start, the excerpt starts with an ellipsis a little before it.
+  Whatever is shortened ends with an ellipsis, at a word where that loses little. The neighbours
+  share what is left, shortest first, each on one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from recall.engines.embedded.search import Hit
+from recall.engines.embedded.store import Neighbour
+from recall.engines.embedded.text import Query
+
+NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shortened
+ELLIPSIS = "…"
+
+
+def render(hits: list[tuple[Hit, list[Neighbour]]], query: Query, max_chars: int) -> str:
+    """The hits in order, each given a fair share of what the ones before it left."""
+    out: list[str] = []
+    remaining = max_chars
+    for n, (hit, neighbours) in enumerate(hits):
+        block = _render_hit(hit, neighbours, query.focus, remaining // (len(hits) - n))
+        out.append(block)
+        remaining -= len(block)
+    return "".join(out)[:max_chars]
+
+
+def _render_hit(hit: Hit, neighbours: list[Neighbour], terms: Sequence[str], budget: int) -> str:
+    """One hit as a block of at most ``budget`` chars; "" when not even a useful line fits."""
+    when = datetime.fromisoformat(hit.ts.replace("Z", "+00:00")).astimezone(UTC)
+    header = f"[{when:%Y-%m-%d %H:%M} UTC] {hit.role}\n"
+    footer = "---\n"
+    room = budget - len(header) - len(footer)
+    if room < 40:
+        return ""
+    around = [(f"  ~ {n.where} ({n.role}): ", " ".join(n.text.split())) for n in neighbours]
+    # The passage comes first; neighbours keep a little room (whole when short) unless the
+    # passage alone would not fit.
+    reserve = sum(min(len(lbl) + len(txt), len(lbl) + NEIGHBOUR_MIN) + 1 for lbl, txt in around)
+    limit = max(room - reserve, min(room, 200)) - 1
+    passage = _excerpt(hit.text.strip(), terms, limit) + "\n"
+    room -= len(passage)
+    # Share what is left between the neighbours, shortest first so a short one leaves its
+    # unused share to the other.
+    lines: dict[int, str] = {}
+    order = sorted(range(len(around)), key=lambda i: len(around[i][1]))
+    for n, i in enumerate(order):
+        label, text = around[i]
+        share = room // (len(order) - n) - len(label) - 1
+        if share < 20:
+            continue
+        line = label + _shorten(text, share) + "\n"
+        lines[i] = line
+        room -= len(line)
+    return header + passage + "".join(lines[i] for i in sorted(lines)) + footer
+
+
+def _excerpt(text: str, terms: Sequence[str], limit: int) -> str:
+    """``text`` cut to ``limit`` chars, around the first query term when the start lacks it."""
+    if len(text) <= limit:
+        return text
+    lower = text.lower()
+    for term in terms:
+        at = lower.find(term)
+        if at == -1:
+            continue
+        if at + len(term) <= limit * 0.75:
+            break  # already near the start: a plain cut keeps it
+        start = text.find(" ", max(at - limit // 4, 0), at)  # begin at a word
+        start = at if start == -1 else start + 1
+        return ELLIPSIS + _shorten(text[start:], limit - len(ELLIPSIS))
+    return _shorten(text, limit)
+
+
+def _shorten(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    if limit <= len(ELLIPSIS):
+        return ""
+    cut = text[: limit - len(ELLIPSIS)]
+    space = cut.rfind(" ")
+    if space > limit * 0.6:  # end at a word when that loses little
+        cut = cut[:space]
+    return cut.rstrip() + ELLIPSIS

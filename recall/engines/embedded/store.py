@@ -1,0 +1,403 @@
+"""Storage: one SQLite file per user (rows + FTS5 + float32 vectors), reconciled with the sources.
+
+    home/src/*.funes.jsonl -> turns -> pieces of ~1,200 chars -> embed what is new
+        -> home/embedded/recall.db
+
+The sources are the truth; the db is a disposable index. Rows are keyed like funes' chunks,
+sha1("session:turn:block:split"), and carry a hash of the text that was embedded, so an index run
+embeds only new or changed text. Everything that changes what is stored (the table layout, the
+piece size, the embedded text, and the identifier rules in text.py that fill `ids`) needs a bump
+of SCHEMA: the next index run then rebuilds the db.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import urllib.parse
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from recall.conversations import SOURCE_SUFFIX, read_source, source_files
+from recall.embedder import Embedder
+from recall.engines.embedded.text import identifier_forms
+
+log = logging.getLogger("recall.embedded")
+
+DB_DIR = "embedded"
+DB_NAME = "recall.db"
+SCHEMA = "1"  # bump when the table layout or the embedded text changes: the db is then rebuilt
+
+PIECE_CHARS = 1_200  # funes' split size; also about what MiniLM reads before its 256-token cut
+# What is embedded for a piece: the piece itself, then the first CONTEXT_CHARS of the turn before
+# it. The context comes second so the model's token cut eats context, never the turn; it lets an
+# answer ("Dana, from platform") be found by the question it answers ("who owns MT-4471?").
+# Measured: see benchmark/README.md, "What moved the numbers".
+CONTEXT_CHARS = 300
+FLUSH_TEXTS = 256  # embed and commit after this many new pieces: bounded memory, steady progress
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+-- the stat stamp of each source file as last indexed: an unchanged file is not even read
+CREATE TABLE IF NOT EXISTS files (conv TEXT PRIMARY KEY, stamp TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
+    chunk TEXT NOT NULL,             -- sha1("session:turn:block:split"), 16 hex, as funes
+    conv TEXT NOT NULL, turn TEXT NOT NULL,
+    seq INTEGER NOT NULL, block INTEGER NOT NULL, split INTEGER NOT NULL,
+    ts TEXT NOT NULL, epoch REAL NOT NULL, role TEXT NOT NULL,
+    text TEXT NOT NULL,              -- the piece, shown to the agent
+    ids TEXT NOT NULL,               -- normalised identifiers in it (MT-4471 -> mt4471)
+    digest TEXT NOT NULL,            -- sha1 of the text that was embedded
+    vec BLOB NOT NULL,               -- float32 unit vector
+    UNIQUE (conv, chunk)             -- per file: two files claiming one session cannot collide
+);
+CREATE INDEX IF NOT EXISTS chunks_by_turn ON chunks (conv, seq);  -- neighbours
+CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5 (
+    text, ids, content='chunks', content_rowid='id', tokenize='porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS chunks_ins AFTER INSERT ON chunks BEGIN
+    INSERT INTO fts (rowid, text, ids) VALUES (new.id, new.text, new.ids);
+END;
+CREATE TRIGGER IF NOT EXISTS chunks_del AFTER DELETE ON chunks BEGIN
+    INSERT INTO fts (fts, rowid, text, ids) VALUES ('delete', old.id, old.text, old.ids);
+END;
+"""
+
+
+def db_path(home: Path) -> Path:
+    return home / DB_DIR / DB_NAME
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def looks_like_db(path: Path) -> bool:
+    """The file starts like an SQLite database (garbage or a missing file: False)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces: sources -> rows
+
+
+def split_text(text: str, size: int = PIECE_CHARS) -> list[str]:
+    """Pieces of about ``size`` chars, cut at a paragraph, line, sentence or word where possible."""
+    text = text.strip()
+    pieces: list[str] = []
+    start = 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            window = text[start + size // 2 : end]  # never cut shorter than half a piece
+            for sep in ("\n\n", "\n", ". ", " "):
+                cut = window.rfind(sep)
+                if cut != -1:
+                    end = start + size // 2 + cut + len(sep)
+                    break
+        piece = text[start:end].strip()
+        if piece:
+            pieces.append(piece)
+        start = end
+    return pieces
+
+
+def _epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class _Row:
+    chunk: str
+    conv: str
+    turn: str
+    seq: int
+    block: int
+    split: int
+    ts: str
+    role: str
+    text: str
+    embed_text: str
+    vec: bytes | None = None  # reused from the db when the embedded text is unchanged
+
+    @property
+    def digest(self) -> str:
+        return _digest(self.embed_text)
+
+
+@dataclass
+class _FileWork:
+    """What one changed source file needs: rows to drop, rows to write, its new stamp."""
+
+    conv: str
+    stamp: str
+    drop: list[int] = field(default_factory=list)
+    write: list[_Row] = field(default_factory=list)
+
+
+def _rows_of(conv: str, turns: list[dict[str, Any]]) -> list[_Row]:
+    """The pieces of one conversation, in order; raises KeyError/TypeError on a malformed turn."""
+    rows: list[_Row] = []
+    previous = ""
+    for turn in turns:
+        session, turn_id = str(turn["session_id"]), str(turn["turn_uuid"])
+        seq, ts, role = int(turn["seq"]), str(turn["ts"]), str(turn["role"])
+        _epoch(ts)  # a bad timestamp fails the file here, not the search later
+        texts = []
+        for block_idx, block in enumerate(turn["blocks"]):
+            text = block.get("text")
+            if not isinstance(text, str) or not text.strip():
+                continue
+            texts.append(text)
+            for split_idx, piece in enumerate(split_text(text)):
+                key = f"{session}:{turn_id}:{block_idx}:{split_idx}"
+                embed = f"{piece}\n{previous}" if previous else piece
+                rows.append(
+                    _Row(
+                        chunk=hashlib.sha1(key.encode("utf-8")).hexdigest()[:16],
+                        conv=conv,
+                        turn=turn_id,
+                        seq=seq,
+                        block=block_idx,
+                        split=split_idx,
+                        ts=ts,
+                        role=role,
+                        text=piece,
+                        embed_text=embed,
+                    )
+                )
+        if texts:
+            previous = " ".join(" ".join(texts).split())[:CONTEXT_CHARS]
+    return rows
+
+
+def _stamp(path: Path) -> str:
+    # os.replace gives every post a new inode, so this changes whenever the file is rewritten.
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The db file: connect, corruption, discard
+
+
+def connect(path: Path, *, create: bool) -> sqlite3.Connection:
+    # Autocommit mode with explicit BEGIN: every transaction is visible in the code. Recall opens
+    # with mode=rw so that it never creates an empty db where an index run just moved one aside.
+    uri = f"file:{urllib.parse.quote(str(path))}?mode={'rwc' if create else 'rw'}"
+    # check_same_thread=False: recall hands its connection to a worker for the BM25 leg.
+    con = sqlite3.connect(
+        uri, uri=True, timeout=10.0, isolation_level=None, check_same_thread=False
+    )
+    con.execute("PRAGMA busy_timeout = 10000")
+    return con
+
+
+def is_corrupt(exc: sqlite3.DatabaseError) -> bool:
+    """Not a database, or a malformed one; a locked or busy db is not corrupt."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+    return not isinstance(exc, sqlite3.OperationalError)
+
+
+def discard(path: Path) -> None:
+    """Move a bad db aside (one copy kept for a post-mortem) with its WAL files."""
+    if path.exists():
+        path.replace(path.with_name(path.name + ".corrupt"))
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Index: reconcile the db with the sources
+
+
+def reconcile(
+    home: Path, path: Path, embedder: Embedder, before_flush: Callable[[], None] = lambda: None
+) -> None:
+    """Bring the db up to date with the sources. ``before_flush`` may raise to stop the run
+    between transactions (a deadline, a cancelled caller): what was flushed stays consistent."""
+    con = connect(path, create=True)
+    try:
+        con.execute("PRAGMA journal_mode = WAL")
+        con.executescript(SCHEMA_SQL)
+        schema = con.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if schema is None:
+            con.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA,))
+        elif schema[0] != SCHEMA:
+            # An older layout or embedded text: start over (the sources are the truth).
+            raise sqlite3.DatabaseError("index schema changed")
+        known = dict(con.execute("SELECT conv, stamp FROM files").fetchall())
+        sources = {p.name[: -len(SOURCE_SUFFIX)]: p for p in source_files(home)}
+
+        gone = sorted(known.keys() - sources.keys())
+        if gone:
+            con.execute("BEGIN IMMEDIATE")
+            for conv in gone:
+                con.execute("DELETE FROM chunks WHERE conv = ?", (conv,))
+                con.execute("DELETE FROM files WHERE conv = ?", (conv,))
+            bump(con)
+            con.execute("COMMIT")
+
+        pending: list[_FileWork] = []
+        to_embed = 0
+        for conv, source in sources.items():
+            work = plan(con, conv, source, known.get(conv))
+            if work is None:
+                continue
+            pending.append(work)
+            to_embed += sum(1 for row in work.write if row.vec is None)
+            if to_embed >= FLUSH_TEXTS or len(pending) >= FLUSH_TEXTS:
+                before_flush()
+                flush(con, pending, embedder)
+                pending, to_embed = [], 0
+        if pending:
+            before_flush()
+            flush(con, pending, embedder)
+    finally:
+        con.close()
+
+
+def plan(
+    con: sqlite3.Connection, conv: str, source: Path, known_stamp: str | None
+) -> _FileWork | None:
+    """What a source file needs, or None when it is unchanged or unreadable."""
+    try:
+        stamp = _stamp(source)
+        if stamp == known_stamp:
+            return None
+        wanted = _rows_of(conv, read_source(source))
+    except FileNotFoundError:
+        return None  # deleted since the listing: the next run removes its rows
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        # The file name is a conversation id, never user text; the exception may hold text.
+        log.warning("skipping unreadable source %s (%s)", source.name, type(exc).__name__)
+        return None
+    have = {
+        chunk: (rowid, seq, ts, role, text, digest, vec)
+        for rowid, chunk, seq, ts, role, text, digest, vec in con.execute(
+            "SELECT id, chunk, seq, ts, role, text, digest, vec FROM chunks WHERE conv = ?",
+            (conv,),
+        )
+    }
+    work = _FileWork(conv, stamp)
+    for row in wanted:
+        old = have.pop(row.chunk, None)
+        if old is not None:
+            rowid, *stored, vec = old
+            if tuple(stored) == (row.seq, row.ts, row.role, row.text, row.digest):
+                continue  # unchanged
+            digest = stored[-1]
+            work.drop.append(rowid)
+            if digest == row.digest:
+                row.vec = vec  # same embedded text: keep its vector
+        work.write.append(row)
+    work.drop.extend(rowid for rowid, *_ in have.values())  # turns the file no longer has
+    return work
+
+
+def flush(con: sqlite3.Connection, pending: list[_FileWork], embedder: Embedder) -> None:
+    """Embed what the pending files need (batched), then write them in one transaction."""
+    todo = [r for w in pending for r in w.write if r.vec is None]
+    if todo:
+        vectors = embedder.embed([r.embed_text for r in todo])
+        for row, vec in zip(todo, vectors, strict=True):
+            row.vec = np.asarray(vec, dtype=np.float32).tobytes()
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        for work in pending:
+            con.executemany("DELETE FROM chunks WHERE id = ?", [(i,) for i in work.drop])
+            con.executemany(
+                "INSERT INTO chunks (chunk, conv, turn, seq, block, split, ts, epoch, role,"
+                " text, ids, digest, vec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        r.chunk, r.conv, r.turn, r.seq, r.block, r.split, r.ts, _epoch(r.ts),
+                        r.role, r.text, " ".join(identifier_forms(r.text)), r.digest, r.vec,
+                    )
+                    for r in work.write
+                ],
+            )  # fmt: skip
+            con.execute("INSERT OR REPLACE INTO files VALUES (?, ?)", (work.conv, work.stamp))
+        bump(con)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def bump(con: sqlite3.Connection) -> None:
+    # A random generation, not a counter: a rebuilt db must never reuse a cached one's value.
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (uuid.uuid4().hex,))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads for recall (in the caller's snapshot)
+
+
+def generation(con: sqlite3.Connection) -> str:
+    """Changes with every committed index run: the vector cache's validity key."""
+    row = con.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
+    return row[0] if row else ""
+
+
+def load_vectors(con: sqlite3.Connection, dim: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """(rowids, n x dim float32 matrix with row i for rowids[i], epoch of the newest turn)."""
+    count = con.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    ids = np.empty(count, dtype=np.int64)
+    matrix = np.empty((count, dim), dtype=np.float32)
+    newest = 0.0
+    # Filled row by row, so loading never holds the blobs and the matrix twice.
+    for n, (rowid, epoch, vec) in enumerate(
+        con.execute("SELECT id, epoch, vec FROM chunks ORDER BY id")
+    ):
+        ids[n] = rowid
+        matrix[n] = np.frombuffer(vec, dtype=np.float32)
+        newest = max(newest, epoch)
+    return ids, matrix, newest
+
+
+def common_stems(con: sqlite3.Connection, floor: float) -> frozenset[str]:
+    """The indexed stems found in more than ``floor`` passages."""
+    con.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING fts5vocab(main, fts, row)")
+    return frozenset(t for (t,) in con.execute("SELECT term FROM vocab WHERE doc > ?", (floor,)))
+
+
+class Neighbour(NamedTuple):
+    """A turn next to a hit's: ``where`` is "before" or "after"; ``text`` its pieces joined."""
+
+    where: str
+    role: str
+    text: str
+
+
+def neighbours(con: sqlite3.Connection, conv: str, seq: int) -> list[Neighbour]:
+    """The turns just before and after turn ``seq`` of a conversation, those that exist."""
+    parts: dict[int, tuple[str, list[str]]] = {}
+    for turn_seq, role, text in con.execute(
+        "SELECT seq, role, text FROM chunks WHERE conv = ? AND seq IN (?, ?)"
+        " ORDER BY seq, block, split",
+        (conv, seq - 1, seq + 1),
+    ):
+        parts.setdefault(turn_seq, (role, []))[1].append(text)
+    return [
+        Neighbour(where, parts[at][0], " ".join(parts[at][1]))
+        for at, where in ((seq - 1, "before"), (seq + 1, "after"))
+        if at in parts
+    ]

@@ -1,0 +1,128 @@
+"""Word rules: words, identifiers, stopwords, the query as one analysed value, the FTS query,
+coverage. Pure functions over text; nothing here reads the db.
+
+`identifier_forms` also fills the stored `ids` column: a change to what counts as an identifier
+changes what is stored, so it needs a bump of `store.SCHEMA`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+WORD = re.compile(r"\w+")
+# An identifier: letters and digits joined by -_./#: as in MT-4471, N-11, F-204, v2.3.1.
+# Linear on any text: a match may only start where a run of letters and digits starts (the
+# lookbehind), and runs are taken whole (possessive), so a long run without a separator (a hex or
+# base64 blob) is read once, not once per starting position (that was quadratic: 70 ms for 1,200
+# chars). Separators are never letters or digits, so the matches are the same as without both.
+IDENTIFIER = re.compile(r"(?<![^\W_])[^\W_]++(?:[-_./#:][^\W_]++)+")
+# Longer than this is a blob (a hash, a key, a path), not something one searches for by name.
+MAX_IDENTIFIER_CHARS = 64
+NON_WORD = re.compile(r"[\W_]+")
+STOPWORDS = frozenset(
+    re.findall(
+        r"\w+",
+        "a about after again all also am an and any are as at be because been before being both "
+        "but by can could did do does doing for from had has have having he her here him his how "
+        "i if in into is it its just me more most my no nor not of off on once only or other our "
+        "out over own same she should so some such than that the their them then there these they "
+        "this those through to too under until up very was we were what when where which while "
+        "who whom whose why will with would you your",
+    )
+)
+MAX_QUERY_TERMS = 32  # a query is a few words; the cap bounds the FTS work one call can cause
+ID_COVERAGE = 4  # a whole identifier counts as this many words in coverage()
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query analysed once; the search and the rendering both read this value."""
+
+    text: str  # as asked: what the model embeds
+    terms: tuple[str, ...]  # what the lexical leg searches for (query_terms)
+    ids: tuple[str, ...]  # the identifiers' joined forms (MT-4471 -> mt4471), also in terms
+    focus: tuple[str, ...]  # what an excerpt keeps in view (focus_terms)
+
+    @classmethod
+    def parse(cls, text: str) -> Query:
+        return cls(
+            text=text,
+            terms=tuple(query_terms(text)),
+            ids=tuple(identifier_forms(text)),
+            focus=tuple(focus_terms(text)),
+        )
+
+
+def identifiers(text: str) -> list[str]:
+    """The identifiers in ``text`` as written, in order, up to MAX_IDENTIFIER_CHARS each."""
+    return [
+        token
+        for token in (match.group(0) for match in IDENTIFIER.finditer(text))
+        if len(token) <= MAX_IDENTIFIER_CHARS
+    ]
+
+
+def identifier_forms(text: str) -> list[str]:
+    """``MT-4471`` -> ``mt4471``: one term for the whole id (unicode61 sees ``mt`` + ``4471``)."""
+    forms = []
+    for token in identifiers(text):
+        if any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
+            forms.append(NON_WORD.sub("", token.lower()))
+    return forms
+
+
+def query_terms(query: str) -> list[str]:
+    """The words worth searching for, then the joined forms of the identifiers in the query.
+
+    Stopwords are dropped unless nothing else is left: they match nearly every row, which costs
+    time and adds noise.
+    """
+    words = WORD.findall(query.lower())
+    # One-letter parts of ids (the "v" of V-1415, which "v1415" matches exactly) match thousands
+    # of rows and cost a third of the search time; a one-letter word on its own stays.
+    id_letters = {p for token in identifiers(query.lower()) for p in WORD.findall(token)}
+    terms = [w for w in words if w not in STOPWORDS and not (len(w) == 1 and w in id_letters)]
+    terms = terms or words
+    terms += identifier_forms(query)
+    return list(dict.fromkeys(terms))[:MAX_QUERY_TERMS]
+
+
+def focus_terms(query: str) -> list[str]:
+    """What to keep in view when a passage must be cut: identifiers first, then other words."""
+    ids = [token.lower() for token in identifiers(query)]
+    words = [w for w in WORD.findall(query.lower()) if w not in STOPWORDS and len(w) > 2]
+    return ids + words
+
+
+def fts_query(terms: Sequence[str]) -> str:
+    """An OR of quoted terms: no FTS syntax (quotes, NEAR, *, :, -, AND) survives.
+
+    Every term is a run of word characters wrapped in double quotes, so FTS5 reads it as a plain
+    string (tokenised and stemmed like the indexed text).
+    """
+    return " OR ".join(f'"{t}"' for t in terms)
+
+
+def is_common(word: str, common_stems: frozenset[str]) -> bool:
+    """Whether a query word is one of the index's common words. The index holds porter stems
+    ("valv" for "valves"), so the word itself or the word less a suffix of up to 3 letters."""
+    return any(word[:n] in common_stems for n in range(max(len(word) - 3, 3), len(word) + 1))
+
+
+def coverage(terms: Sequence[str], text: str) -> int:
+    """How much of the query a passage contains (a word counts by its stem-ish prefix; a whole
+    identifier counts as ID_COVERAGE words, so the id always outweighs a few shared words).
+
+    BM25 sums evidence per term, so a short passage with the id alone can beat the one passage
+    that has the id *and* the rest of the question ("line L-382 impeller QC"): among lexical
+    candidates, the one covering more of the query ranks first.
+    """
+    words = set(WORD.findall(text.lower()))
+    ids = set(identifier_forms(text))
+    return sum(
+        ID_COVERAGE if t in ids else 1
+        for t in terms
+        if t in ids or t in words or any(w.startswith(t[: max(4, len(t) - 2)]) for w in words)
+    )

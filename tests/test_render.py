@@ -1,0 +1,101 @@
+"""The embedded engine's passage format, byte for byte: what the agent reads is a contract.
+
+Hits and neighbours are built by hand: no model, no db. A change that moves one byte here is a
+change to docs/CONTRACTS.md and must be made on purpose.
+"""
+
+from __future__ import annotations
+
+from recall.engines.embedded.render import render
+from recall.engines.embedded.search import Hit
+from recall.engines.embedded.store import Neighbour
+from recall.engines.embedded.text import Query
+
+FILLER = "The quarterly report covers revenue, churn and hiring in every region. "
+
+
+def hit(seq: int, ts: str, role: str, text: str) -> Hit:
+    return Hit(seq, "c7f3a-mobile-login", seq, ts, 0.0, role, text, score=0.0)
+
+
+TICKET = hit(
+    1,
+    "2026-03-02T10:01:00Z",
+    "assistant",
+    "MT-4471 tracks the login timeouts in the mobile app. The owner is Priya Raman.",
+)
+AROUND_TICKET = [
+    Neighbour("before", "user", "Can you summarise ticket MT-4471 for me?"),
+    Neighbour("after", "user", "Great,  I'll ask Priya\nfor an update on Thursday."),
+]
+LATER = hit(4, "2026-03-05T09:30:00+02:00", "user", "Priya says MT-4471 ships in release 3.2.\n")
+VAULT = hit(
+    7,
+    "2026-01-01T00:00:00Z",
+    "user",
+    FILLER * 4 + "The vault combination is kept under key ZX-9917 by facilities. " + FILLER * 4,
+)
+AROUND_VAULT = [Neighbour("after", "assistant", "Noted: ZX-9917 is the vault key. " + FILLER * 3)]
+
+
+def test_hits_that_fit_are_shown_whole_with_their_neighbours_on_one_line_each() -> None:
+    # Given two hits, the first with the turns before and after it, and room for everything
+    hits = [(TICKET, AROUND_TICKET), (LATER, [])]
+
+    # When they are rendered
+    output = render(hits, Query.parse("who owns MT-4471?"), 4000)
+
+    # Then each is a dated block, times in UTC, neighbours collapsed to one line, no ids
+    assert output == (
+        "[2026-03-02 10:01 UTC] assistant\n"
+        "MT-4471 tracks the login timeouts in the mobile app. The owner is Priya Raman.\n"
+        "  ~ before (user): Can you summarise ticket MT-4471 for me?\n"
+        "  ~ after (user): Great, I'll ask Priya for an update on Thursday.\n"
+        "---\n"
+        "[2026-03-05 07:30 UTC] user\n"
+        "Priya says MT-4471 ships in release 3.2.\n"
+        "---\n"
+    )
+    assert "c7f3a" not in output
+
+
+def test_a_long_passage_is_cut_around_the_querys_identifier() -> None:
+    # Given a long passage whose identifier sits far from its start
+    query = Query.parse("vault ZX-9917")
+
+    # When it is rendered under a small cap
+    output = render([(VAULT, AROUND_VAULT)], query, 400)
+
+    # Then the excerpt starts a little before the identifier, and both cuts are marked
+    assert output == (
+        "[2026-01-01 00:00 UTC] user\n"
+        "…region. The vault combination is kept under key ZX-9917 by facilities. The quarterly "
+        "report covers revenue, churn and hiring in every region. The quarterly report covers "
+        "revenue, churn and hiring…\n"
+        "  ~ after (assistant): Noted: ZX-9917 is the vault key. The quarterly report covers "
+        "revenue, churn and hiring in every region. The quarterly report covers revenue,…\n"
+        "---\n"
+    )
+    assert len(output) <= 400
+
+
+def test_hits_share_the_character_cap_and_stay_under_it() -> None:
+    # Given three hits and a cap too small for any of them whole
+    hits = [(TICKET, AROUND_TICKET), (VAULT, AROUND_VAULT), (LATER, [])]
+
+    # When they are rendered
+    output = render(hits, Query.parse("MT-4471 vault"), 300)
+
+    # Then each keeps its header and a shortened passage, neighbours give way, best first
+    assert output == (
+        "[2026-03-02 10:01 UTC] assistant\n"
+        "MT-4471 tracks the login timeouts in the mobile app. The…\n"
+        "---\n"
+        "[2026-01-01 00:00 UTC] user\n"
+        "…region. The vault combination is kept under key ZX-9917 by…\n"
+        "---\n"
+        "[2026-03-05 07:30 UTC] user\n"
+        "Priya says MT-4471 ships in release 3.2.\n"
+        "---\n"
+    )
+    assert len(output) <= 300
