@@ -107,10 +107,11 @@ def _replace(text: str, begin: str, end: str, body: str) -> str:
     return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
 
 
-def write_report(results_dir: Path, *, synthetic_too: bool = True) -> None:
+def write_report(results_dir: Path, *, synthetic_too: bool = True, draw_chart: bool = True) -> None:
     """The tables from results/*.json: the synthetic runs (and the chart, unless not
-    `synthetic_too`) and the LoCoMo runs (locomo-*.json). Local files (*.local.json, ignored by
-    git) hold what may not be committed and are not read."""
+    `synthetic_too` or not `draw_chart`: matplotlib is a benchmark extra, not a test one) and the
+    LoCoMo runs (locomo-*.json). Local files (*.local.json, ignored by git) hold what may not be
+    committed and are not read."""
     results = [
         (p.name, json.loads(p.read_text()))
         for p in sorted(results_dir.glob("*.json"))
@@ -125,7 +126,8 @@ def write_report(results_dir: Path, *, synthetic_too: bool = True) -> None:
     text = readme.read_text()
     if synthetic and synthetic_too:
         text = _replace(text, BEGIN, END, table(synthetic))
-        chart(synthetic, results_dir / "chart.png")
+        if draw_chart:
+            chart(synthetic, results_dir / "chart.png")
     if clinic and synthetic_too:
         text = _replace(text, CLINIC_BEGIN, CLINIC_END, table(clinic, published=False))
     if locomo:
