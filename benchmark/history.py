@@ -759,19 +759,29 @@ def _question(
     )
 
 
-def _check(conversations: list[dict[str, Any]], facts: list[Fact], qs: list[Question]) -> None:
-    """Refuse to return a history whose ground truth is ambiguous (raises, even under -O)."""
+def _check(
+    conversations: list[dict[str, Any]],
+    facts: list[Fact],
+    qs: list[Question],
+    id_pattern: str = r"\b(?:MT|D)-\d+\b",
+    id_kinds: tuple[str, ...] = ("ticket", "decision"),
+) -> None:
+    """Refuse to return a history whose ground truth is ambiguous (raises, even under -O).
+
+    Facts of ``id_kinds`` answer with a reference matching ``id_pattern`` (history_clinic.py
+    passes its own)."""
     texts = ["\n".join(turn["text"] for turn in body["turns"]) for body in conversations]
     # Every fact: its answer is in its own conversation and its ID-like answer nowhere else.
     id_counts: dict[str, int] = {}
     for text in texts:
-        for token in set(re.findall(r"\b(?:MT|D)-\d+\b", text)):
+        for token in set(re.findall(id_pattern, text)):
             id_counts[token] = id_counts.get(token, 0) + 1
     for fact, text in zip(facts, texts, strict=True):
         if fact.answer not in text:
             raise RuntimeError(f"{fact.conversation_id}: answer {fact.answer!r} missing")
-        if fact.kind in ("ticket", "decision") and id_counts[fact.answer] != 1:
-            raise RuntimeError(f"{fact.answer!r} appears in {id_counts[fact.answer]} conversations")
+        if fact.kind in id_kinds and id_counts.get(fact.answer) != 1:
+            count = id_counts.get(fact.answer, 0)
+            raise RuntimeError(f"{fact.answer!r} appears in {count} conversations")
     # Every question, literally: the answer string occurs in exactly one conversation.
     separator = "\x00"  # never inside a text, so no match spans two conversations
     corpus = separator.join(texts)

@@ -9,6 +9,7 @@ from typing import Any
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 LOCOMO_BEGIN, LOCOMO_END = "<!-- locomo:begin -->", "<!-- locomo:end -->"
+CLINIC_BEGIN, CLINIC_END = "<!-- clinic:begin -->", "<!-- clinic:end -->"
 # The brief's published funes figures (funes 1.8, 4 CPUs, 4 GB, one process per call).
 FUNES_PUBLISHED = (
     "| funes 1.8 (the brief, 4 CPUs) | 1,000-10,000 | 91-100% | 100% | ~200 ms | | 240 MB "
@@ -20,7 +21,8 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f"{value * 100:.0f}%"
 
 
-def table(results: list[dict[str, Any]]) -> str:
+def table(results: list[dict[str, Any]], published: bool = True) -> str:
+    """One row per run; ``published`` adds the brief's funes figures (for the ops history)."""
     lines = [
         "| engine | conversations | hit@3 long / short | hit@8 long / short "
         "| e2e p50 / p95 (k=3, short) | engine alone p50 / p95 (short) | server RSS "
@@ -39,7 +41,8 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {r['server_rss_mb']} MB | {how}, {r['load_s']} s{peak} "
             f"| {r['disk_per_user_mb']} MB |"
         )
-    lines.append(FUNES_PUBLISHED)
+    if published:
+        lines.append(FUNES_PUBLISHED)
     machines = sorted({f"{r['machine']} ({r['date']})" for r in results})
     lines += ["", "Measured on: " + "; ".join(machines) + "."]
     return "\n".join(lines)
@@ -114,12 +117,17 @@ def write_report(results_dir: Path, *, synthetic_too: bool = True) -> None:
         if not p.name.endswith(".local.json")
     ]
     synthetic = [r for name, r in results if not name.startswith("locomo-")]
+    # The held-out history ("clinic", history_clinic.py) has its own table and no chart.
+    clinic = [r for r in synthetic if r.get("history") == "clinic"]
+    synthetic = [r for r in synthetic if r.get("history", "ops") == "ops"]
     locomo = [r for name, r in results if name.startswith("locomo-")]
     readme = results_dir.parent / "README.md"
     text = readme.read_text()
     if synthetic and synthetic_too:
         text = _replace(text, BEGIN, END, table(synthetic))
         chart(synthetic, results_dir / "chart.png")
+    if clinic and synthetic_too:
+        text = _replace(text, CLINIC_BEGIN, CLINIC_END, table(clinic, published=False))
     if locomo:
         text = _replace(text, LOCOMO_BEGIN, LOCOMO_END, locomo_tables(locomo))
     readme.write_text(text)

@@ -4,6 +4,7 @@
     python -m benchmark.run --sizes 100 --engines embedded --no-save
     python -m benchmark.run --report              # redraw the README table and chart only
     python -m benchmark.run --locomo ../shared/data/locomo-dev.json  # real histories (locomo.py)
+    python -m benchmark.run --history clinic --sizes 300  # the held-out history (history_clinic.py)
 
 Per size and engine: the history (benchmark/history.py) is loaded the way production loads it,
 through POST /turns for small sizes and through `recall-server backfill` for large ones; then a
@@ -33,6 +34,7 @@ from typing import Any
 import psutil
 from fastmcp import Client
 
+from benchmark import history_clinic
 from benchmark.history import History, Question, generate
 from recall.conversations import user_dir_name
 from recall.engines import make_engine
@@ -44,6 +46,9 @@ SIZES = (1_000, 3_000, 10_000)
 POST_UP_TO = 1_000  # larger histories go through the backfill command, as an operator would
 USER = "bench-user"
 CAP = {3: 4_000, 8: 12_000}  # k=8 needs room for eight passages (the brief: raise both together)
+# The synthetic histories by name, each with its default question count: "ops" is the brief's;
+# "clinic" the held-out one in another domain (issue 9: 60 questions), never tuned on.
+HISTORIES = {"ops": (generate, 100), "clinic": (history_clinic.generate, 60)}
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -172,9 +177,13 @@ async def engine_alone(data_dir: Path, engine: str, questions: list[Question]) -
     return figures
 
 
-def measure(size: int, engine: str, questions: int = 100, seed: int = 7) -> dict[str, Any]:
-    history = generate(size, seed=seed, questions=questions)
-    result: dict[str, Any] = {"size": size, "engine": engine, "questions": len(history.questions)}
+def measure(
+    size: int, engine: str, questions: int | None = None, seed: int = 7, history_name: str = "ops"
+) -> dict[str, Any]:
+    make_history, default_questions = HISTORIES[history_name]
+    history = make_history(size, seed=seed, questions=questions or default_questions)
+    result: dict[str, Any] = {"size": size, "engine": engine, "history": history_name}
+    result["questions"] = len(history.questions)
     with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-{size}-") as tmp:
         workdir = Path(tmp)
         for k in (3, 8):
@@ -232,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the recall benchmark.")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--engines", nargs="+", default=None, help="default: embedded (+ funes)")
-    parser.add_argument("--questions", type=int, default=100)
+    parser.add_argument("--questions", type=int, default=None, help="default: 100 (clinic: 60)")
+    parser.add_argument(
+        "--history", choices=sorted(HISTORIES), default="ops",
+        help="synthetic history: ops (the brief's) or clinic (held out, another domain)",
+    )  # fmt: skip
     parser.add_argument("--no-save", action="store_true", help="print only; keep results/ as is")
     parser.add_argument("--report", action="store_true", help="only redraw table and chart")
     parser.add_argument(
@@ -256,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     for engine in engines:
         for size in args.sizes:
             started = time.monotonic()
-            result = measure(size, engine, args.questions)
+            result = measure(size, engine, args.questions, history_name=args.history)
             result["machine"] = machine()
             result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
             result["wall_s"] = round(time.monotonic() - started)
@@ -264,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             print_result(result)
             if not args.no_save:
                 RESULTS.mkdir(parents=True, exist_ok=True)
-                path = RESULTS / f"{engine}-{size}.json"
+                name = engine if args.history == "ops" else f"{engine}-{args.history}"
+                path = RESULTS / f"{name}-{size}.json"
                 path.write_text(json.dumps(result, indent=1) + "\n")
     if not args.no_save:
         write_report(RESULTS)
