@@ -80,10 +80,10 @@ def query_terms(query: str) -> list[str]:
     time and adds noise.
     """
     words = WORD.findall(query.lower())
-    # One-letter words (the "t" of "didn't", the "s" of "Caroline's", the "v" of V-1415, which
+    # Single letters (the "t" of "didn't", the "s" of "Caroline's", the "v" of V-1415, which
     # "v1415" matches exactly) match thousands of rows, cost a third of the search time and say
-    # nothing.
-    terms = [w for w in words if w not in STOPWORDS and len(w) > 1]
+    # nothing; a single digit ("note 7") stays.
+    terms = [w for w in words if w not in STOPWORDS and not (len(w) == 1 and w.isalpha())]
     terms = terms or words
     terms += identifier_forms(query)
     return list(dict.fromkeys(terms))[:MAX_QUERY_TERMS]
