@@ -27,10 +27,12 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
+from mcp_types import ToolAnnotations
+from pydantic import Field
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -46,8 +48,9 @@ from recall.conversations import (
 )
 from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
+from recall.logs import configure_logging
 from recall.scheduler import IndexScheduler, index_and_mark, index_stale
-from recall.settings import ConfigError, Settings, load_settings
+from recall.settings import ConfigError, Settings, load_settings, settings_help
 from recall.transport import fit_descriptor_limit, serve
 
 log = logging.getLogger("recall")
@@ -68,6 +71,27 @@ Query with a few words built around identifiers and key nouns ("MT-4471 K-2 tick
 "N-11 upgrade decision", "forecast base case parameters"), not a whole sentence. If the first
 search misses, search again with other words. Quote what comes back with its date; never fill
 gaps with guesses, and say so when the earlier conversations do not contain the answer."""
+
+QUERY_DESCRIPTION = f"""\
+A few words built around identifiers and key nouns, e.g. "MT-4471 K-2 ticket" or "N-11 upgrade \
+decision", not a whole sentence. At most {MAX_QUERY_CHARS} characters; longer is cut."""
+
+TOOL_ANNOTATIONS = ToolAnnotations(
+    title="Search my earlier conversations",
+    read_only_hint=True,  # it only reads the user's memory
+    destructive_hint=False,
+    idempotent_hint=True,
+    open_world_hint=False,  # the user's own stored conversations, not the web
+)
+
+USAGE = """\
+usage: recall-server                 serve the MCP endpoint /mcp, POST /turns and GET /healthz
+       recall-server backfill FILE   import a history in bulk while the server is stopped
+                                     (recall-server backfill --help)
+       recall-server --help          this text
+
+Settings are environment variables (default after =):
+"""
 
 
 class BodyTooLarge(Exception):
@@ -136,6 +160,8 @@ def create_app(settings: Settings) -> Starlette:
             if index_stale(engine, user_home):
                 scheduler.schedule(user_home)
         log.info("serving with the %s engine, data in %s", engine.name, data_dir)
+        # Where the write route's key comes from, for whoever follows the README (never the key).
+        log.info("POST /turns takes this server's INGEST_KEY environment variable in x-ingest-key")
         try:
             yield {}
         finally:
@@ -173,12 +199,25 @@ def create_app(settings: Settings) -> Starlette:
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(_: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "engine": engine.name})
+        # "indexing": users whose index run is due or going on (0: every write went through a
+        # run); the seeder waits for 0 so that the demo's first search finds what it posted.
+        return JSONResponse(
+            {"status": "ok", "engine": engine.name, "indexing": scheduler.pending()}
+        )
 
     # --- read path --------------------------------------------------------------------------
 
-    @mcp.tool(description=TOOL_DESCRIPTION)
-    async def recall_my_conversations(query: str) -> str:
+    @mcp.tool(
+        description=TOOL_DESCRIPTION,
+        title=TOOL_ANNOTATIONS.title,
+        annotations=TOOL_ANNOTATIONS,
+        # The answer goes out once, as text. With an output schema FastMCP would send it again
+        # as structuredContent ({"result": ...}): twice the characters in a client that shows both.
+        output_schema=None,
+    )
+    async def recall_my_conversations(
+        query: Annotated[str, Field(description=QUERY_DESCRIPTION)],
+    ) -> str:
         user = user_from_token(get_access_token(), settings.jwt_user_claim)
         if user is None:
             log.warning("recall refused: token has no %s claim", settings.jwt_user_claim)
@@ -217,17 +256,22 @@ def create_app(settings: Settings) -> Starlette:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["backfill"]:  # the operator's bulk import, same settings, no server
+    arguments = sys.argv[1:]
+    if arguments[:1] == ["backfill"]:  # the operator's bulk import, same settings, no server
         from recall.backfill import main as backfill
 
-        sys.exit(backfill(sys.argv[2:]))
+        sys.exit(backfill(arguments[1:]))
+    if arguments[:1] in (["--help"], ["-h"]):  # before the settings: help needs none of them
+        print(USAGE + settings_help())
+        return
+    if arguments:
+        print(f"recall-server: unknown argument {arguments[0]!r}; see --help", file=sys.stderr)
+        sys.exit(2)
     try:
         settings = load_settings()
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(settings.log_level)
     try:
         app = create_app(settings)
     except ConfigError as exc:

@@ -7,8 +7,11 @@ import logging
 
 from fastmcp.server.auth import AccessToken, TokenVerifier
 from fastmcp.server.auth.providers.jwt import JWTVerifier, StaticTokenVerifier
+from fastmcp.utilities.auth import decode_jwt_header
+from joserfc import jwk
+from joserfc.errors import JoseError
 
-from recall.settings import ConfigError, Settings
+from recall.settings import PUBLIC_KEY_ALGORITHMS, ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +26,8 @@ REFUSAL_REASONS = (
     ("scopes", "missing required scopes"),
     ("signature/format", "signature or format invalid"),
 )
+# Algorithms a refusal may name; anything else in a token's header is the caller's free text.
+KNOWN_ALGORITHMS = frozenset({*PUBLIC_KEY_ALGORITHMS, "HS256", "HS384", "HS512", "none"})
 
 
 class CallerNamesWithheld(logging.Filter):
@@ -57,15 +62,79 @@ class ExpiringJWTVerifier(JWTVerifier):
         return access
 
 
+class VerifierPerAlgorithm(TokenVerifier):
+    """One JWT verifier per accepted algorithm (FastMCP's takes one, and filters a JWKS by its
+    key type); a token goes to the one its header's `alg` names, and any other is refused."""
+
+    def __init__(self, verifiers: dict[str, TokenVerifier]) -> None:
+        super().__init__()
+        self._verifiers = verifiers
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            header = decode_jwt_header(token)
+        except ValueError:  # not three parts, or not base64 JSON
+            log.info("bearer token refused: signature or format invalid")
+            return None
+        algorithm = header.get("alg") if isinstance(header, dict) else None
+        verifier = self._verifiers.get(algorithm) if isinstance(algorithm, str) else None
+        if verifier is None:
+            shown = algorithm if algorithm in KNOWN_ALGORITHMS else "an unknown algorithm"
+            log.info("bearer token refused: signed with %s, not in JWT_ALGORITHMS", shown)
+            return None
+        return await verifier.verify_token(token)
+
+
+def key_type(algorithm: str) -> str:
+    """The JWK key type a public-key algorithm verifies with."""
+    return {"RS": "RSA", "PS": "RSA", "ES": "EC"}.get(algorithm[:2], "OKP")
+
+
+def public_key_pem(settings: Settings) -> str | None:
+    """JWT_PUBLIC_KEY, or the file JWT_PUBLIC_KEY_FILE names; checked against JWT_ALGORITHMS so a
+    wrong key stops the start instead of refusing every token."""
+    pem, source = settings.jwt_public_key, "JWT_PUBLIC_KEY"
+    if settings.jwt_public_key_file:
+        source = f"JWT_PUBLIC_KEY_FILE {settings.jwt_public_key_file}"
+        try:
+            pem = settings.jwt_public_key_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{source}: not readable ({exc})") from exc
+    if pem is None:
+        return None
+    if "PRIVATE KEY" in pem:
+        raise ConfigError(
+            f"{source} holds a private key: give the server only the public half "
+            "(e.g. openssl pkey -in private.pem -pubout)"
+        )
+    for algorithm in settings.jwt_algorithm_list():
+        try:
+            jwk.import_key(pem, key_type(algorithm))  # type: ignore[call-overload]
+        except (JoseError, ValueError, TypeError) as exc:
+            raise ConfigError(
+                f"{source}: not a PEM {key_type(algorithm)} public key, which JWT_ALGORITHMS "
+                f"{algorithm} needs"
+            ) from exc
+    return pem
+
+
 def build_verifier(settings: Settings) -> TokenVerifier:
     logging.getLogger(FASTMCP_VERIFIER_LOGGER).addFilter(CALLER_NAMES_WITHHELD)
-    if settings.jwt_jwks_uri or settings.jwt_public_key:
-        # Settings.problems() has made sure issuer and audience are set.
-        return ExpiringJWTVerifier(
-            public_key=settings.jwt_public_key,
-            jwks_uri=settings.jwt_jwks_uri,
-            issuer=settings.jwt_issuer,
-            audience=settings.jwt_audience,
+    if settings.jwt_jwks_uri or settings.jwt_public_key or settings.jwt_public_key_file:
+        # Settings.problems() has made sure issuer and audience are set, one key source, and
+        # public-key algorithms only.
+        public_key = public_key_pem(settings)
+        return VerifierPerAlgorithm(
+            {
+                algorithm: ExpiringJWTVerifier(
+                    public_key=public_key,
+                    jwks_uri=settings.jwt_jwks_uri,
+                    issuer=settings.jwt_issuer,
+                    audience=settings.jwt_audience,
+                    algorithm=algorithm,
+                )
+                for algorithm in settings.jwt_algorithm_list()
+            }
         )
     if settings.auth_tokens_file:
         return StaticTokenVerifier(tokens=_static_tokens(settings))

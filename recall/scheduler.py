@@ -51,6 +51,10 @@ class IndexScheduler:
         if state is None or state.task is None or state.task.done():
             self.schedule(home)
 
+    def pending(self) -> int:
+        """Users with an index run due or going on: 0 once every write so far went through a run."""
+        return sum(1 for state in self._users.values() if state.task and not state.task.done())
+
     async def _run(self, home: Path, state: _UserState) -> None:
         while state.dirty:
             await asyncio.sleep(self._debounce)

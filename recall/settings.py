@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Literal
@@ -13,6 +14,16 @@ from recall.conversations import Limits
 
 # Words that mark a key copied from a sample rather than generated (compared lowercased).
 PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "example", "placeholder")
+# The JWT signing algorithms FastMCP's verifier knows, less the symmetric HS* ones.
+PUBLIC_KEY_ALGORITHMS = (
+    *("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512"),
+    *("EdDSA", "Ed25519", "Ed448"),
+)
+
+
+def shown(default: str) -> dict[str, str]:
+    """How a setting's default reads in --help and README.md, where its value says too little."""
+    return {"shown_default": default}  # in parentheses: it is a note, not a value
 
 
 class ConfigError(Exception):
@@ -22,66 +33,154 @@ class ConfigError(Exception):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    data_dir: Path = Path("recall-data")
-    log_level: str = "INFO"
+    host: str = Field(
+        "127.0.0.1", description="interface to listen on (`0.0.0.0` in the container)"
+    )
+    port: int = Field(8000, ge=1, le=65535, description="port to listen on")
+    data_dir: Path = Field(Path("recall-data"), description="where user directories live")
+    log_level: str = Field(
+        "INFO",
+        description="`DEBUG`, `INFO`, `WARNING` or `ERROR`, for our lines and FastMCP's and "
+        "uvicorn's alike; logs never hold user ids, tokens, keys or conversation text",
+    )
 
     # Write path. The key guards an internal route the chat gateway calls; 16+ chars, and no
     # placeholder, so a typo'd or copied sample value cannot start a server.
-    ingest_key: str = ""
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    max_turns: int = Field(5_000, ge=1)
-    max_text_chars: int = Field(200_000, ge=1)
+    ingest_key: str = Field(
+        "",
+        description="shared key the gateway sends in `x-ingest-key`; placeholders (`change-me`, "
+        "`example`, one repeated character) are refused",
+        json_schema_extra=shown("(required, 16+ chars)"),
+    )
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest `/turns` body")
+    max_turns: int = Field(5_000, ge=1, description="turns per conversation")
+    max_text_chars: int = Field(200_000, ge=1, description="characters per turn")
 
     # Read path identity: a demo token map, or JWTs from the company's identity provider. JWT mode
     # requires an issuer and an audience: the key alone would accept any token it ever signed.
-    auth_tokens_file: Path | None = None
-    jwt_jwks_uri: str | None = None
-    jwt_public_key: str | None = None
-    jwt_issuer: str | None = None
-    jwt_audience: str | None = None
-    jwt_user_claim: str = "sub"
+    auth_tokens_file: Path | None = Field(None, description="JSON object token -> user id (demo)")
+    jwt_jwks_uri: str | None = Field(
+        None, description="verify JWTs by the keys the identity provider publishes at this URL"
+    )
+    jwt_public_key: str | None = Field(None, description="verify JWTs by this PEM public key")
+    jwt_public_key_file: Path | None = Field(
+        None, description="verify JWTs by the PEM public key in this file"
+    )
+    # RS256 is what identity providers sign with unless told otherwise. Public-key algorithms
+    # only: a shared secret (HS*) would let whoever verifies tokens also mint them.
+    jwt_algorithms: str = Field(
+        "RS256",
+        description="comma-separated signing algorithms accepted (`RS256`, `RS384`, `RS512`, "
+        "`PS256`, `PS384`, `PS512`, `ES256`, `ES384`, `ES512`, `EdDSA`, `Ed25519`, `Ed448`); "
+        "`HS*` shared secrets are refused",
+    )
+    jwt_issuer: str | None = Field(
+        None,
+        description="expected `iss`; the server refuses to start in JWT mode without it",
+        json_schema_extra=shown("(required with JWTs)"),
+    )
+    jwt_audience: str | None = Field(
+        None,
+        description="expected `aud`; the server refuses to start in JWT mode without it",
+        json_schema_extra=shown("(required with JWTs)"),
+    )
+    jwt_user_claim: str = Field("sub", description="the claim that names the user")
 
     # Engines.
-    engine: Literal["auto", "funes", "embedded"] = "auto"
-    funes_bin: str | None = None
-    hf_home: Path | None = None  # funes reads its baked models from here
-    embed_model_dir: Path | None = None  # any local ONNX model + tokenizer.json
-    embed_pooling: Literal["mean", "cls"] = "mean"
+    engine: Literal["auto", "funes", "embedded"] = Field(
+        "auto", description="`auto` (funes if found, else embedded), `funes`, `embedded`"
+    )
+    funes_bin: str | None = Field(
+        None, description="the funes binary", json_schema_extra=shown("(`funes` on `PATH`)")
+    )
+    hf_home: Path | None = Field(None, description="funes' model directory (baked into the image)")
+    embed_model_dir: Path | None = Field(
+        None,
+        description="a local ONNX model + `tokenizer.json` for the embedded engine",
+        json_schema_extra=shown("(packaged MiniLM)"),
+    )
+    embed_pooling: Literal["mean", "cls"] = Field(
+        "mean", description="`mean` or `cls` pooling for that model"
+    )
 
     # Recall bounds: the brief's values (k 3 and a pool below 4 x k keep funes' reranker off).
-    recall_k: int = Field(3, ge=1, le=50)
-    recall_candidates: int = Field(8, ge=1, le=200)
-    recall_timeout: float = Field(10.0, gt=0)
-    recall_concurrency: int = Field(4, ge=1)
-    recall_half_life_days: float = Field(0.0, ge=0)
-    max_result_chars: int = Field(4000, ge=200)
+    recall_k: int = Field(3, ge=1, le=50, description="passages returned")
+    recall_candidates: int = Field(
+        8,
+        ge=1,
+        le=200,
+        description="fused candidate pool (below 4 x k keeps funes' reranker off)",
+    )
+    recall_timeout: float = Field(10.0, gt=0, description="seconds per recall")
+    recall_concurrency: int = Field(4, ge=1, description="recalls at once")
+    recall_half_life_days: float = Field(
+        0.0, ge=0, description="recency weighting for the embedded engine (0: off)"
+    )
+    max_result_chars: int = Field(
+        4000, ge=200, description="cap on what enters the agent's context"
+    )
     # The embedded engine's cache of users' vector matrices (1.5 KB a passage): 256 MB holds
     # about 170k passages, several heavy users, on a small instance. 0: no cache.
-    vector_cache_mb: int = Field(256, ge=0)
+    vector_cache_mb: int = Field(
+        256,
+        ge=0,
+        description="memory for the embedded engine's cached vector matrices (least recently "
+        "used users are dropped; 0: no cache)",
+    )
 
     # Indexing: a burst of posts gives one run; runs never block a request.
-    index_debounce: float = Field(1.0, ge=0)
-    index_timeout: float = Field(300.0, gt=0)
+    index_debounce: float = Field(
+        1.0, ge=0, description="seconds to wait after a write before indexing"
+    )
+    index_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="seconds per index run, for both engines (funes is killed; the embedded "
+        "engine stops between batches, keeping what it committed)",
+    )
     # Index runs at once across users: each loads a model and keeps cores busy; 2 leaves the
     # request path room on a small machine.
-    index_concurrency: int = Field(2, ge=1)
+    index_concurrency: int = Field(
+        2, ge=1, description="index runs at once across all users (first due, first run)"
+    )
 
     # Transport bounds: no client holds a connection, a descriptor or a slot for long.
     # 200 open connections: far more than RECALL_CONCURRENCY lets work at once, far below the
     # common limit of 1024 open files.
-    max_connections: int = Field(200, ge=1)
+    max_connections: int = Field(
+        200,
+        ge=1,
+        description="open connections at once; one more gets 503 at once. The server raises its "
+        "open-files limit to this + 228, or will not start if it cannot",
+    )
     # 5 s, uvicorn's own default: an idle connection, or a request head that does not finish,
     # is closed after it.
-    keepalive_timeout: float = Field(5.0, gt=0)
+    keepalive_timeout: float = Field(
+        5.0,
+        gt=0,
+        description="seconds a connection may stay idle, or take to send a request head, before "
+        "it is closed",
+    )
     # 30 s: a whole 8 MiB /turns body even at 2 Mbit/s; a stalled upload gets 408.
-    body_timeout: float = Field(30.0, gt=0)
+    body_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="seconds a `/turns` body may take to arrive; a slower one gets 408",
+    )
     # DNS-rebinding protection: Host names (and browser origins) served, comma-separated. The
     # loopback names are always allowed; empty means loopback only, which refuses to start when
     # HOST is not loopback (the names clients use are unknowable here).
-    allowed_hosts: str = ""
-    allowed_origins: str = ""
+    allowed_hosts: str = Field(
+        "",
+        description="comma-separated `Host` names served (`*.example.com` works; ports are not "
+        "compared); required when `HOST` is not loopback; other names get 421",
+        json_schema_extra=shown("(loopback names)"),
+    )
+    allowed_origins: str = Field(
+        "",
+        description="comma-separated browser origins allowed besides the server's own "
+        "(`https://chat.example.com`); others get 403",
+    )
 
     def host_allowlist(self) -> list[str]:
         """Host header names to serve; empty when HOST is not loopback and none are set."""
@@ -98,10 +197,16 @@ class Settings(BaseSettings):
     def _blank_is_unset(cls, value: str | None) -> str | None:
         return value or None
 
-    @field_validator("auth_tokens_file", "hf_home", "embed_model_dir", mode="before")
+    @field_validator(
+        "auth_tokens_file", "jwt_public_key_file", "hf_home", "embed_model_dir", mode="before"
+    )
     @classmethod
     def _blank_path_is_unset(cls, value: object) -> object:
         return value or None
+
+    def jwt_algorithm_list(self) -> list[str]:
+        """JWT_ALGORITHMS as a list, blanks dropped."""
+        return [name.strip() for name in self.jwt_algorithms.split(",") if name.strip()]
 
     def limits(self) -> Limits:
         """What one posted conversation may hold (the route and the backfill apply the same)."""
@@ -117,13 +222,29 @@ class Settings(BaseSettings):
                 "INGEST_KEY looks like a placeholder, not a secret: generate one, e.g. "
                 "python3 -c 'import secrets; print(secrets.token_hex(16))'"
             )
-        if not (self.auth_tokens_file or self.jwt_jwks_uri or self.jwt_public_key):
-            found.append("set AUTH_TOKENS_FILE or JWT_JWKS_URI/JWT_PUBLIC_KEY to verify tokens")
-        if self.auth_tokens_file and (self.jwt_jwks_uri or self.jwt_public_key):
+        jwt_keys = {
+            "JWT_JWKS_URI": self.jwt_jwks_uri,
+            "JWT_PUBLIC_KEY": self.jwt_public_key,
+            "JWT_PUBLIC_KEY_FILE": self.jwt_public_key_file,
+        }
+        jwt_keys_set = [name for name, value in jwt_keys.items() if value]
+        if not (self.auth_tokens_file or jwt_keys_set):
+            found.append(
+                "set AUTH_TOKENS_FILE or JWT_JWKS_URI/JWT_PUBLIC_KEY/JWT_PUBLIC_KEY_FILE to "
+                "verify tokens"
+            )
+        if self.auth_tokens_file and jwt_keys_set:
             found.append("set either AUTH_TOKENS_FILE or JWT_*, not both")
-        if self.jwt_jwks_uri and self.jwt_public_key:
-            found.append("set either JWT_JWKS_URI or JWT_PUBLIC_KEY, not both")
-        if self.jwt_jwks_uri or self.jwt_public_key:
+        if len(jwt_keys_set) > 1:
+            found.append(f"set only one of {', '.join(jwt_keys_set)}")
+        if jwt_keys_set:
+            unknown = [a for a in self.jwt_algorithm_list() if a not in PUBLIC_KEY_ALGORITHMS]
+            if unknown or not self.jwt_algorithm_list():
+                found.append(
+                    f"JWT_ALGORITHMS: {', '.join(unknown) or 'empty'} not accepted; use one or "
+                    f"more of {', '.join(PUBLIC_KEY_ALGORITHMS)} (public-key algorithms: an "
+                    "HS* shared secret would let whoever verifies tokens mint them)"
+                )
             expected = {"JWT_ISSUER": self.jwt_issuer, "JWT_AUDIENCE": self.jwt_audience}
             missing = [name for name, value in expected.items() if not value]
             if missing:
@@ -154,3 +275,40 @@ def _is_loopback_address(host: str) -> bool:
         return ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def settings_reference() -> list[tuple[str, str, str]]:
+    """(variable, default as shown, meaning in Markdown) for every setting, in the model's order:
+    the one source of --help's settings list and README.md's settings table."""
+    rows = []
+    for name, field in Settings.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        default = field.default
+        if "shown_default" in extra:
+            text = str(extra["shown_default"])
+        elif default is None or default == "":
+            text = ""
+        else:
+            text = f"`{default:g}`" if isinstance(default, float) else f"`{default}`"
+        rows.append((name.upper(), text, field.description or ""))
+    return rows
+
+
+def settings_markdown_table() -> str:
+    """README.md's settings table, exactly."""
+    lines = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for name, default, meaning in settings_reference():
+        lines.append(f"| `{name}` | {default} | {meaning} |".replace("|  |", "| |"))
+    return "\n".join(lines)
+
+
+def settings_help(width: int = 100) -> str:
+    """The settings for --help: each variable with its default, then its meaning, indented."""
+    lines = []
+    for name, default, meaning in settings_reference():
+        default = default.replace("`", "")
+        lines.append(f"  {name} {default}" if default.startswith("(") else f"  {name}={default}")
+        lines += textwrap.wrap(
+            meaning.replace("`", ""), width, initial_indent=" " * 6, subsequent_indent=" " * 6
+        )
+    return "\n".join(lines)

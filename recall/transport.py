@@ -46,6 +46,7 @@ def serve(app: ASGIApp, settings: Settings) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # no formatter of uvicorn's own: its lines take ours (recall/logs.py)
         http=bounded_h11(settings.max_connections),
         # uvicorn counts the asking connection itself, and refuses once this many requests are
         # still running (a tool call goes on after its client has left).

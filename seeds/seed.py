@@ -7,7 +7,8 @@ the way a real one is.
     python seeds/seed.py --url http://127.0.0.1:8000 --key KEY [--dir seeds] [--wait 60]
 
 --wait N first waits up to N seconds for the server's /healthz, so the seeder can be started
-together with the server.
+together with the server; then, once everything is posted, up to N seconds more until /healthz
+reports no index run due or going on ("indexing": 0), so a search right after finds it all.
 
 The key may also come from the environment (INGEST_KEY). Standard library only, so it runs
 anywhere Python does, without the project installed.
@@ -90,6 +91,31 @@ def wait_until_up(base_url: str, seconds: float) -> None:
         time.sleep(0.25)
 
 
+def health(url: str) -> dict[str, Any] | None:
+    """/healthz's answer, or None while nothing answers there (URLError is an OSError)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            answer = json.loads(response.read()) if response.status == 200 else None
+    except (OSError, ValueError):
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def wait_until_indexed(base_url: str, seconds: float) -> None:
+    """Poll /healthz until no index run is due or going on, or stop with a SeedError."""
+    url = base_url.rstrip("/") + "/healthz"
+    deadline = time.monotonic() + seconds
+    while True:
+        answer = health(url)
+        # A server without the "indexing" field (an older one) counts as done.
+        if answer is not None and not answer.get("indexing", 0):
+            return
+        if time.monotonic() > deadline:
+            state = "was still indexing" if answer else "stopped answering /healthz"
+            raise SeedError(f"the server at {base_url} {state} after {seconds:g}s")
+        time.sleep(0.25)
+
+
 def seed(base_url: str, key: str, folder: Path) -> int:
     """Post every conversation turn by turn; returns the number of posts made."""
     url = base_url.rstrip("/") + "/turns"
@@ -111,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         "--dir", type=Path, default=Path(__file__).resolve().parent, help="folder of *.json"
     )
     parser.add_argument(
-        "--wait", type=float, default=0, metavar="SECONDS", help="wait for /healthz first"
+        "--wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="wait for /healthz first, and for the index runs after posting",
     )
     args = parser.parse_args(argv)
     if not args.key:
@@ -121,10 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.wait > 0:
             wait_until_up(args.url, args.wait)
         posts = seed(args.url, args.key, args.dir)
+        print(f"posted {posts} times to {args.url.rstrip('/')}/turns")
+        if args.wait > 0:
+            wait_until_indexed(args.url, args.wait)
+            print("indexed: a search finds it all now")
     except SeedError as exc:
         print(f"seed.py: {exc}", file=sys.stderr)
         return 1
-    print(f"posted {posts} times to {args.url.rstrip('/')}/turns")
     return 0
 
 

@@ -52,7 +52,7 @@ def test_mcp_with_an_unknown_token_is_401(funes_server: Server) -> None:
 def test_healthz_needs_no_auth_and_tells_no_user_data(funes_server: Server) -> None:
     with urllib.request.urlopen(f"{funes_server.url}/healthz", timeout=5) as response:
         assert response.status == 200
-        assert response.read() == b'{"status":"ok","engine":"funes"}'
+        assert response.read() == b'{"status":"ok","engine":"funes","indexing":0}'
 
 
 async def test_each_token_only_ever_reaches_its_own_users_directory(
@@ -197,3 +197,98 @@ def test_refused_tokens_leave_no_user_id_in_the_log_at_any_level(
     log = server.log()
     assert "token expired" in log and "audience mismatch" in log and "issuer mismatch" in log
     assert [line for line in log.splitlines() if marker in line] == []
+
+
+# --- JWT_ALGORITHMS and JWT_PUBLIC_KEY_FILE ---------------------------------------------------
+
+
+def signed_with(private_pem: str, algorithm: str, payload: dict[str, Any]) -> str:
+    key = jwk.import_key(private_pem, "EC" if algorithm.startswith("ES") else "RSA")
+    return jwt.encode({"alg": algorithm}, payload, key, algorithms=[algorithm])
+
+
+def test_a_public_key_file_is_trusted_like_a_public_key_in_the_environment(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # given the identity provider's public key in a file, not in the environment
+    keys = RSAKeyPair.generate()
+    key_file = tmp_path / "idp-public.pem"
+    key_file.write_text(keys.public_key)
+    settings = {**jwt_settings(keys, fake_funes), "JWT_PUBLIC_KEY": ""}
+    with make_server(tmp_path, **settings, JWT_PUBLIC_KEY_FILE=str(key_file)).start() as server:
+        # when tokens are presented, then the key in the file decides
+        assert mcp_status(server, signed(keys, claims())) == 200
+        assert mcp_status(server, signed(RSAKeyPair.generate(), claims())) == 401
+
+
+def test_jwt_algorithms_accepts_each_listed_algorithm_and_names_an_unlisted_one_in_the_log(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # given a server accepting RS256 and PS256 from one RSA key
+    keys = RSAKeyPair.generate()
+    private = keys.private_key.get_secret_value()
+    settings = jwt_settings(keys, fake_funes)
+    with make_server(tmp_path, **settings, JWT_ALGORITHMS="RS256, PS256").start() as server:
+        # when tokens signed each way arrive, then the listed ones get in and RS384 does not
+        statuses = {
+            algorithm: mcp_status(server, signed_with(private, algorithm, claims()))
+            for algorithm in ("RS256", "PS256", "RS384")
+        }
+    assert statuses == {"RS256": 200, "PS256": 200, "RS384": 401}
+    assert "bearer token refused: signed with RS384, not in JWT_ALGORITHMS" in server.log()
+
+
+def test_an_ec_key_verifies_es256_tokens_when_jwt_algorithms_says_es256(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # given an identity provider that signs with an EC P-256 key
+    ec_key = jwk.ECKey.generate_key("P-256")
+    public = ec_key.as_pem(private=False).decode()
+    settings = {**jwt_settings(RSAKeyPair.generate(), fake_funes), "JWT_PUBLIC_KEY": public}
+    with make_server(tmp_path, **settings, JWT_ALGORITHMS="ES256").start() as server:
+        # when its token arrives, then it gets in
+        token = signed_with(ec_key.as_pem(private=True).decode(), "ES256", claims())
+        assert mcp_status(server, token) == 200
+
+
+def refusal_to_start(tmp_path: Path, settings: dict[str, str]) -> str:
+    """The log of a server that must exit at start with these settings."""
+    server = make_server(tmp_path, **settings)
+    try:
+        with pytest.raises(RuntimeError, match="exited early"):
+            server.start(timeout=30)
+    finally:
+        server.stop()
+    return server.log()
+
+
+@pytest.mark.parametrize(
+    ("problem", "message"),
+    [
+        ("hs256", "JWT_ALGORITHMS: HS256 not accepted"),
+        ("missing file", "idp-public.pem: not readable"),
+        ("key twice", "set only one of JWT_PUBLIC_KEY, JWT_PUBLIC_KEY_FILE"),
+        ("private key", "holds a private key: give the server only the public half"),
+        ("rsa key for es256", "not a PEM EC public key, which JWT_ALGORITHMS ES256 needs"),
+    ],
+)
+def test_a_jwt_key_setup_that_cannot_verify_refuses_to_start_and_says_why(
+    tmp_path: Path, fake_funes: FakeFunes, problem: str, message: str
+) -> None:
+    # given a key setup with one mistake
+    keys = RSAKeyPair.generate()
+    key_file = tmp_path / "idp-public.pem"
+    public_in_file = {"JWT_PUBLIC_KEY": "", "JWT_PUBLIC_KEY_FILE": str(key_file)}
+    mistakes = {
+        "hs256": {"JWT_ALGORITHMS": "RS256,HS256"},
+        "missing file": public_in_file,
+        "key twice": {"JWT_PUBLIC_KEY_FILE": str(key_file)},
+        "private key": public_in_file,
+        "rsa key for es256": {"JWT_ALGORITHMS": "ES256"},
+    }
+    if problem in ("key twice", "private key"):
+        key_file.write_text(keys.private_key.get_secret_value())
+    # when the server starts, then it exits with a line that names the mistake
+    log = refusal_to_start(tmp_path, {**jwt_settings(keys, fake_funes), **mistakes[problem]})
+    assert message in log
+    assert "Traceback" not in log

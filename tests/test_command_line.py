@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, make_server
 
+from recall.settings import Settings
 from recall.testing import free_port
 
 
@@ -86,3 +89,39 @@ def test_seeder_with_wait_gives_up_with_one_line_when_no_server_comes() -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == f"seed.py: no recall server answered at {url}/healthz within 0.5s"
     assert time.monotonic() - started < 60
+
+
+async def test_seeder_with_wait_returns_once_what_it_posted_is_searchable(tmp_path: Path) -> None:
+    # given a running server and the seeder told to wait
+    with make_server(tmp_path, ENGINE="embedded").start() as server:
+        key = server.ingest_key
+        done = run("seeds/seed.py", "--url", server.url, "--key", key, "--wait", "180")
+        # when the first search comes the moment the seeder returns
+        answer = await server.recall("alice", "N-11 upgrade")
+    # then it finds what was posted, not "unavailable" while the index is still being built
+    assert done.returncode == 0, done.stderr
+    assert "go ahead with the N-11 upgrade" in answer
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_the_subcommands_and_every_setting_and_needs_no_settings(
+    tmp_path: Path, flag: str
+) -> None:
+    # given no ingest key, no tokens, and a setting that does not validate
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PORT": "not-a-port"}
+    # when asked for help
+    done = run("recall_server.py", flag, env=env)
+    # then it prints usage and every setting with its default, and exits 0
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "bad setting" not in done.stderr
+    assert "recall-server backfill FILE" in done.stdout
+    assert "PORT=8000" in done.stdout and "INGEST_KEY (required, 16+ chars)" in done.stdout
+    listed = [name.upper() for name in Settings.model_fields if f"  {name.upper()}" in done.stdout]
+    assert listed == [name.upper() for name in Settings.model_fields]
+
+
+def test_an_unknown_argument_exits_2_with_one_line_pointing_to_help(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    done = run("recall_server.py", "--port", "9000", env=env)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "recall-server: unknown argument '--port'; see --help"

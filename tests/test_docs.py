@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from recall.settings import Settings
+from recall.settings import Settings, settings_markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,3 +25,10 @@ def test_readme_documents_every_setting() -> None:
     readme = (ROOT / "README.md").read_text()
     missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in readme]
     assert missing == []
+
+
+def test_readme_settings_table_is_the_one_generated_from_the_settings_model() -> None:
+    # the table --help also prints from: a setting added, renamed or re-described shows here
+    readme = (ROOT / "README.md").read_text()
+    expected = settings_markdown_table()
+    assert expected in readme, f"replace README.md's settings table with:\n{expected}"

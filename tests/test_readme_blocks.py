@@ -1,0 +1,184 @@
+"""The README's shell blocks run as written: the demo, the run command with the write route, and
+the production auth example. A README that drifts from the code fails here.
+
+The blocks are read from README.md at test time, never copied here, and changed in exactly these
+ways (`runnable`), because a test must not install anything or take port 8000:
+- the install step `python3 -m venv .venv && .venv/bin/pip install -q .` is dropped: this test's
+  own environment has the project installed already;
+- `.venv/bin/` becomes the directory of this test's interpreter (which has `recall-server`);
+- port 8000 becomes a free port: `PORT` in the environment, and `127.0.0.1:8000` in the blocks.
+Each runs in bash in a scratch directory that links `examples/` and `seeds/` from the checkout,
+so what the blocks write (recall-data/, recall-server.log, key files) lands there. The
+environment sets ENGINE=embedded, the engine the README's demo names, so that a funes binary on
+the machine's PATH cannot change what runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from recall.testing import PASSED_THROUGH, free_port
+
+README = ROOT / "README.md"
+INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q ."
+BIN = Path(sys.executable).parent
+N11_DECISION = "go ahead with the N-11 upgrade"  # from alice's 2026-10-08 capacity check
+BLOCK_TIMEOUT = 400.0  # seconds for a block: seeding and a first index run on a loaded machine
+
+
+def section(title: str) -> str:
+    """The README text under a `## title` or `### title` heading, up to the next heading (a `#`
+    line inside a code block is a shell comment, not a heading)."""
+    lines, inside, fenced = [], False, False
+    for line in README.read_text().splitlines(keepends=True):
+        fenced ^= line.startswith("```")
+        heading = not fenced and re.match(r"#+ ", line) is not None
+        if heading and inside:
+            break
+        inside = inside or (heading and line.split(" ", 1)[1].strip() == title)
+        if inside:
+            lines.append(line)
+    assert lines, f"README.md has no section {title!r}"
+    return "".join(lines)
+
+
+def sh_blocks(text: str) -> list[str]:
+    return re.findall(r"^```sh\n(.*?)^```", text, re.M | re.S)
+
+
+def runnable(block: str, port: int) -> str:
+    """The block as this test runs it: the three substitutions of the module docstring."""
+    block = block.replace(f"{INSTALL} && ", "").replace(INSTALL, "")
+    return block.replace(".venv/bin/", f"{BIN}/").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+
+
+def scratch(tmp_path: Path) -> Path:
+    """A working directory that looks like the repository root to the blocks."""
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    (tmp_path / "seeds").symlink_to(ROOT / "seeds")
+    return tmp_path
+
+
+def environment(home: Path, port: int) -> dict[str, str]:
+    env = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+    return {**env, "HOME": str(home), "PORT": str(port), "ENGINE": "embedded"}
+
+
+def bash(script: str, cwd: Path, port: int, **streams: object) -> subprocess.Popen[str]:
+    """The script in a non-interactive bash, in its own process group (killed at the end)."""
+    return subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env=environment(cwd, port),
+        text=True,
+        start_new_session=True,
+        **streams,  # type: ignore[call-overload]
+    )
+
+
+def kill_group(process: subprocess.Popen[str]) -> None:
+    """Whatever the block left running (its background server) goes too."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def stops_answering(port: int, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while answers(port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def run_to_the_end(script: str, cwd: Path, port: int) -> tuple[str, str]:
+    """Run the script as if pasted whole; its (stdout, stderr)."""
+    process = bash(script, cwd, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        return process.communicate(timeout=BLOCK_TIMEOUT)
+    finally:
+        kill_group(process)
+
+
+def test_the_demo_block_pasted_whole_finds_the_n11_decision_and_its_stop_line_stops_it(
+    tmp_path: Path,
+) -> None:
+    # given the demo's block and its stop block, pasted into one shell
+    demo, stop = sh_blocks(section("Try the demo"))
+    port = free_port()
+    cwd = scratch(tmp_path)
+    # when it runs
+    out, err = run_to_the_end(runnable(demo + stop, port), cwd, port)
+    log = (cwd / "recall-server.log").read_text()
+    # then the search right after seeding finds alice's decision, and no step failed
+    assert N11_DECISION in out, f"stdout:\n{out}\nstderr:\n{err}\nserver log:\n{log[-3000:]}"
+    assert "Traceback" not in err + log
+    assert "indexed" in out  # the seeder waited for the index, not for luck
+    # and the stop line stopped the background server
+    assert stops_answering(port)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the write route's block uses curl")
+def test_the_run_command_shows_the_key_the_write_route_block_posts_with(tmp_path: Path) -> None:
+    # given the run command, started as a newcomer does (in the foreground of its own terminal)
+    [run_command] = [b for b in sh_blocks(section("Two commands")) if "recall-server" in b]
+    port = free_port()
+    cwd = scratch(tmp_path)
+    shown, log = cwd / "terminal.txt", cwd / "server-stderr.txt"
+    with shown.open("w") as out, log.open("w") as err:
+        server = bash(runnable(run_command, port), cwd, port, stdout=out, stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while not answers(port):
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        # when the newcomer pastes the line it printed, then the write route's block, elsewhere
+        [export_line] = [x for x in shown.read_text().splitlines() if x.startswith("export ")]
+        [write_route] = sh_blocks(section("The write route"))
+        out, err = run_to_the_end(f"{export_line}\n{runnable(write_route, port)}", cwd, port)
+    finally:
+        kill_group(server)
+    # then the post is stored, and the server's log says where the key comes from, not what it is
+    assert json.loads(out) == {"stored": "2026-10-08-capacity"}, err
+    key = export_line.removeprefix("export INGEST_KEY=")
+    assert len(key) >= 16
+    assert "POST /turns takes this server's INGEST_KEY" in log.read_text()
+    assert key not in log.read_text()
+
+
+def test_the_production_auth_example_searches_with_a_token_from_a_local_key_pair(
+    tmp_path: Path,
+) -> None:
+    # given the worked example: a key pair, a server trusting its public half, a minted token
+    [example] = sh_blocks(section("A worked example"))
+    port = free_port()
+    cwd = scratch(tmp_path)
+    # when it runs
+    out, err = run_to_the_end(runnable(example, port), cwd, port)
+    log = (cwd / "recall-server.log").read_text()
+    # then the search with alice's minted token finds alice's decision, and the server stopped
+    assert N11_DECISION in out, f"stdout:\n{out}\nstderr:\n{err}\nserver log:\n{log[-3000:]}"
+    assert "bearer token refused" not in log
+    assert stops_answering(port)
