@@ -223,7 +223,12 @@ class EmbeddedEngine:
             return []
         fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words.ids, LEXICAL_WEIGHT)])
         return top_hits(
-            con, fused, k=self.k, newest=vectors.newest, half_life_days=self.half_life_days
+            con,
+            fused,
+            k=self.k,
+            newest=vectors.newest,
+            half_life_days=self.half_life_days,
+            months=query.months,
         )
 
     def _vectors(self, con: sqlite3.Connection, key: str) -> _Vectors:

@@ -33,7 +33,7 @@ from recall.engines.embedded.search import Hit
 from recall.engines.embedded.store import Neighbour
 from recall.engines.embedded.text import Query
 
-NEIGHBOURS = 3  # turns shown before and after each hit, nearest first when room is short
+NEIGHBOURS = 4  # turns shown before and after each hit, nearest first when room is short
 NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shortened
 ELLIPSIS = "…"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,9 @@ COMMON_SHARE, COMMON_MIN = 0.02, 200
 # whose identifiers the history never contains.
 MIN_SIMILARITY = 0.3
 MIN_COVERED = 0.34
+# A turn from a month the query names ("in May 2023", "back in January") scores 1 + MONTH_BOOST
+# times as much: it reorders the pool, never filters it (filters lost recall wherever tried).
+MONTH_BOOST = 1.0
 # With recency on, a hit's score is scaled between RECENCY_FLOOR (very old) and 1 (newest), so
 # recency reorders comparable hits without burying a strong old one under a weak new one.
 RECENCY_FLOOR = 0.5
@@ -149,8 +153,10 @@ def top_hits(
     k: int,
     newest: float,
     half_life_days: float,
+    months: Sequence[tuple[int | None, int]] = (),
 ) -> list[Hit]:
-    """The best ``k`` of the fused rows, recency applied when ``half_life_days`` is set."""
+    """The best ``k`` of the fused rows, recency applied when ``half_life_days`` is set, and
+    turns from a month the query names lifted (never filtered)."""
     if not fused:
         return []
     marks = ",".join("?" * len(fused))
@@ -164,5 +170,13 @@ def top_hits(
     if half_life_days > 0:
         for hit in hits:
             hit.score *= recency(max(newest - hit.epoch, 0.0) / 86_400, half_life_days)
+    if months:
+        import os
+
+        boost = float(os.environ.get("RK_DATE", "1.0"))
+        for hit in hits:
+            year, month = int(hit.ts[:4]), int(hit.ts[5:7])
+            if any(m == month and y in (None, year) for y, m in months):
+                hit.score *= 1 + boost
     hits.sort(key=lambda h: (-h.score, h.id))
     return hits[:k]

@@ -44,6 +44,7 @@ class Query:
     terms: tuple[str, ...]  # what the lexical leg searches for (query_terms)
     ids: tuple[str, ...]  # the identifiers' joined forms (MT-4471 -> mt4471), also in terms
     focus: tuple[str, ...]  # what an excerpt keeps in view (focus_terms)
+    months: tuple[tuple[int | None, int], ...] = ()  # (year or None, month) the query names
 
     @classmethod
     def parse(cls, text: str) -> Query:
@@ -52,7 +53,33 @@ class Query:
             terms=tuple(query_terms(text)),
             ids=tuple(identifier_forms(text)),
             focus=tuple(focus_terms(text)),
+            months=tuple(months_named(text)),
         )
+
+
+MONTHS = (
+    "january", "february", "march", "april", "may", "june",
+    "july", "august", "september", "october", "november", "december",
+)  # fmt: skip
+# A month by name (or its three-letter form), then maybe a year: "in May 2023", "Jan 2026".
+# "may" alone is also a verb, so May counts only before a year.
+MONTH_NAMED = re.compile(
+    r"\b(" + "|".join(m[:3] + f"(?:{m[3:]})?" if len(m) > 3 else m for m in MONTHS) + r")\b"
+    r"(?:\s*,?\s*(\d{4}))?",
+    re.IGNORECASE,
+)
+
+
+def months_named(text: str) -> list[tuple[int | None, int]]:
+    """The (year or None, month) pairs a query names: a soft hint for ranking, never a filter."""
+    found = []
+    for match in MONTH_NAMED.finditer(text):
+        name, year = match.group(1).lower(), match.group(2)
+        month = next(i for i, m in enumerate(MONTHS, 1) if m.startswith(name[:3]))
+        if month == 5 and not year and name == "may":
+            continue
+        found.append((int(year) if year else None, month))
+    return list(dict.fromkeys(found))
 
 
 def identifiers(text: str) -> list[str]:
