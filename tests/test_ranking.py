@@ -11,7 +11,7 @@ from test_embedded_engine import CORPUS, hits, post
 
 from recall.embedder import OnnxEmbedder, load_embedder
 from recall.engines.embedded import EmbeddedEngine, Query, db_path
-from recall.engines.embedded.search import common_floor, lexical
+from recall.engines.embedded.search import common_floor, lexical, top_hits
 from recall.engines.embedded.store import common_stems, connect, doc_counts
 
 # A chat between two people: both names in every turn, as a chat log's speaker labels put them.
@@ -102,3 +102,42 @@ async def test_the_relevance_floor_can_be_turned_off(embedder: OnnxEmbedder, mem
     engine = EmbeddedEngine(embedder, k=3, candidates=8, min_similarity=0.0)
     answer = await engine.recall(memory, "What did the vet say about the parrot's feathers?")
     assert len(hits(answer)) == 3
+
+
+def test_months_named_in_a_query_are_read_with_their_year_and_may_needs_one() -> None:
+    assert Query.parse("When did Melanie go camping in June?").months == ((None, 6),)
+    assert Query.parse("budget from Jan 2026, or was it February?").months == (
+        (2026, 1),
+        (None, 2),
+    )
+    assert Query.parse("in May 2023").months == ((2023, 5),)
+    assert Query.parse("may I ask about the marching band?").months == ()
+
+
+async def test_a_month_named_in_the_query_lifts_that_months_turn_but_filters_nothing(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given the same review in March and in June, March's a little ahead after fusion
+    home = tmp_path / "user"
+    note = "The quarterly budget review moved the hiring plan to the next quarter."
+    post(home, "review-march", "2026-03-10T09:00:00Z", [("user", note)])
+    post(home, "review-june", "2026-06-09T09:00:00Z", [("user", note)])
+    await EmbeddedEngine(embedder).index(home)
+    con = connect(db_path(home), create=False)
+    try:
+        rows = dict(con.execute("SELECT conv, id FROM chunks").fetchall())
+        fused = {rows["review-march"]: 0.0250, rows["review-june"]: 0.0245}
+
+        def first(months: tuple[tuple[int | None, int], ...]) -> str:
+            hits = top_hits(con, fused, k=1, newest=0.0, half_life_days=0.0, months=months)
+            return hits[0].conv
+
+        # When the query names no month, June, June 2026, June 2025, or a month without turns
+        # Then only a June (of that year) lifts June's turn; nothing is ever filtered out
+        assert first(()) == "review-march"
+        assert first(((None, 6),)) == "review-june"
+        assert first(((2026, 6),)) == "review-june"
+        assert first(((2025, 6),)) == "review-march"
+        assert first(((None, 10),)) == "review-march"
+    finally:
+        con.close()

@@ -170,13 +170,9 @@ def top_hits(
     if half_life_days > 0:
         for hit in hits:
             hit.score *= recency(max(newest - hit.epoch, 0.0) / 86_400, half_life_days)
-    if months:
-        import os
-
-        boost = float(os.environ.get("RK_DATE", "1.0"))
-        for hit in hits:
-            year, month = int(hit.ts[:4]), int(hit.ts[5:7])
-            if any(m == month and y in (None, year) for y, m in months):
-                hit.score *= 1 + boost
+    for hit in hits:
+        year, month = int(hit.ts[:4]), int(hit.ts[5:7])
+        if any(m == month and y in (None, year) for y, m in months):
+            hit.score *= 1 + MONTH_BOOST
     hits.sort(key=lambda h: (-h.score, h.id))
     return hits[:k]
