@@ -116,6 +116,15 @@ class Settings(BaseSettings):
     recall_half_life_days: float = Field(
         0.0, ge=0, description="recency weighting for the embedded engine (0: off)"
     )
+    # The embedded engine's "nothing relevant" floor: a query no passage comes this close to (and
+    # that shares little with any) finds nothing. The cosine scale is the model's own.
+    recall_min_similarity: float = Field(
+        0.3,
+        ge=0,
+        le=1,
+        description="embedded engine: below this best cosine (and little word overlap) recall "
+        "finds nothing; calibrated for the packaged model, 0: off",
+    )
     max_result_chars: int = Field(
         4000, ge=200, description="cap on what enters the agent's context"
     )

@@ -446,8 +446,10 @@ async def test_index_and_recall_for_one_user_can_overlap(
     results = await asyncio.gather(
         engine.index(indexed), *(engine.recall(indexed, q) for q in queries)
     )
-    # Then every recall answered, and afterwards the new text is searchable
-    assert all(isinstance(r, str) and r for r in results[1:])
+    # Then every recall about what was already indexed answered (one about the new text may
+    # find nothing yet), and afterwards the new text is searchable
+    answers = dict(zip(queries, results[1:], strict=False))
+    assert all(answers[q] for q in queries if q != "note 7")
     assert "Extra note 7." in await engine.recall(indexed, "extra note 7")
 
 

@@ -25,8 +25,8 @@ TICKET = hit(
     "MT-4471 tracks the login timeouts in the mobile app. The owner is Priya Raman.",
 )
 AROUND_TICKET = [
-    Neighbour("before", "user", "Can you summarise ticket MT-4471 for me?"),
-    Neighbour("after", "user", "Great,  I'll ask Priya\nfor an update on Thursday."),
+    Neighbour(-1, "user", "Can you summarise ticket MT-4471 for me?"),
+    Neighbour(1, "user", "Great,  I'll ask Priya\nfor an update on Thursday."),
 ]
 LATER = hit(4, "2026-03-05T09:30:00+02:00", "user", "Priya says MT-4471 ships in release 3.2.\n")
 VAULT = hit(
@@ -35,7 +35,7 @@ VAULT = hit(
     "user",
     FILLER * 4 + "The vault combination is kept under key ZX-9917 by facilities. " + FILLER * 4,
 )
-AROUND_VAULT = [Neighbour("after", "assistant", "Noted: ZX-9917 is the vault key. " + FILLER * 3)]
+AROUND_VAULT = [Neighbour(1, "assistant", "Noted: ZX-9917 is the vault key. " + FILLER * 3)]
 
 
 def test_hits_that_fit_are_shown_whole_with_their_neighbours_on_one_line_each() -> None:
@@ -99,3 +99,29 @@ def test_hits_share_the_character_cap_and_stay_under_it() -> None:
         "---\n"
     )
     assert len(output) <= 300
+
+
+def test_turns_further_away_follow_in_order_and_give_way_first_when_room_is_short() -> None:
+    # Given a hit with two turns on each side: the adjacent ones longer than the far ones
+    near_before = "Which ticket tracks the login timeouts in the mobile app, and who owns it now?"
+    near_after = "Thanks, I will ask Priya about the release date for the fix on Thursday."
+    around = [
+        Neighbour(-2, "user", "Morning!"),
+        Neighbour(-1, "assistant", near_before),
+        Neighbour(1, "user", near_after),
+        Neighbour(2, "assistant", "Anytime."),
+    ]
+
+    # When there is room for everything, and then for little more than the adjacent turns
+    roomy = render([(TICKET, around)], Query.parse("MT-4471 owner"), 4000)
+    tight = render([(TICKET, around)], Query.parse("MT-4471 owner"), 330)
+
+    # Then all four follow in conversation order; under the small cap the adjacent turns stay
+    # whole and the far ones give way
+    labels = [line.split(":")[0] for line in roomy.splitlines() if line.startswith("  ~")]
+    assert labels == ["  ~ before (user)", "  ~ before (assistant)", "  ~ after (user)",
+                      "  ~ after (assistant)"]  # fmt: skip
+    assert f"  ~ before (assistant): {near_before}\n" in tight
+    assert f"  ~ after (user): {near_after}\n" in tight
+    assert "Morning!" not in tight and "Anytime." not in tight
+    assert len(tight) <= 330

@@ -30,15 +30,18 @@ import numpy as np
 from recall.concurrency import run_in
 from recall.embedder import Embedder, release_freed_memory
 from recall.engines.base import EngineError
-from recall.engines.embedded.render import render
+from recall.engines.embedded.render import NEIGHBOURS, render
 from recall.engines.embedded.search import (
     DENSE_WEIGHT,
     LEXICAL_WEIGHT,
+    MIN_SIMILARITY,
     Hit,
+    Lexical,
     common_floor,
     dense,
     fuse,
     lexical,
+    nothing_relevant,
     top_hits,
 )
 from recall.engines.embedded.store import (
@@ -118,12 +121,14 @@ class EmbeddedEngine:
         index_timeout: float = 300.0,
         index_concurrency: int = 2,
         recall_concurrency: int = 4,
+        min_similarity: float = MIN_SIMILARITY,
     ) -> None:
         self.embedder = embedder
         self.k = k
         self.candidates = max(candidates, k)
         self.max_chars = max_chars
         self.half_life_days = half_life_days
+        self.min_similarity = min_similarity  # calibrated for the packaged model; 0: off
         # The matrices of recent users, least recently used first, at most cache_bytes in all.
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, _Vectors] = OrderedDict()
@@ -187,7 +192,9 @@ class EmbeddedEngine:
             try:
                 con.execute("BEGIN")  # one snapshot for the matrix, the FTS and the rows
                 hits = self._search(con, str(path), query)
-                with_neighbours = [(hit, neighbours(con, hit.conv, hit.seq)) for hit in hits]
+                with_neighbours = [
+                    (hit, neighbours(con, hit.conv, hit.seq, NEIGHBOURS)) for hit in hits
+                ]
                 con.execute("COMMIT")
             finally:
                 con.close()
@@ -210,11 +217,18 @@ class EmbeddedEngine:
         finally:
             if future is not None:
                 wait([future])  # the connection must be idle before it is used or closed
-        by_words = future.result() if future is not None else []
-        by_meaning = dense(vectors.ids, vectors.matrix, qvec, self.candidates)
-        fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words, LEXICAL_WEIGHT)])
+        by_words = future.result() if future is not None else Lexical([], 0.0, False)
+        by_meaning, best_similarity = dense(vectors.ids, vectors.matrix, qvec, self.candidates)
+        if nothing_relevant(by_words, best_similarity, self.min_similarity):
+            return []
+        fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words.ids, LEXICAL_WEIGHT)])
         return top_hits(
-            con, fused, k=self.k, newest=vectors.newest, half_life_days=self.half_life_days
+            con,
+            fused,
+            k=self.k,
+            newest=vectors.newest,
+            half_life_days=self.half_life_days,
+            months=query.months,
         )
 
     def _vectors(self, con: sqlite3.Connection, key: str) -> _Vectors:

@@ -5,19 +5,23 @@ Each hit, best first, is one block:
 
     [2026-10-08 14:05 UTC] user
     <the passage, whole, or an excerpt around the query's identifier when it must be cut>
-      ~ before (assistant): <the turn before, on one line, whole where it fits>
+      ~ before (user): <two turns before, on one line, whole where it fits>
+      ~ before (assistant): <the turn before>
       ~ after (assistant): <the turn after>
+      ~ after (user): <two turns after>
     ---
 
 - The header is the turn's time in UTC and its role; no conversation ids, chunk ids or paths.
 - The whole answer is at most ``max_chars`` characters. Each hit gets a fair share of what the
   ones before it left; a hit that cannot fit a useful line is left out.
-- Within a block the passage comes first: a neighbour keeps up to NEIGHBOUR_MIN characters (whole
-  when shorter) unless the passage alone would not fit. A passage that must be cut keeps in
+- Up to NEIGHBOURS turns before and after the hit's follow it, in conversation order.
+- Within a block the passage comes first: an adjacent turn keeps up to NEIGHBOUR_MIN characters
+  (whole when shorter) unless the passage alone would not fit. A passage that must be cut keeps in
   view the first query term it contains (the query's identifiers before its other words): when
   that term is not near the start, the excerpt starts with an ellipsis a little before it.
   Whatever is shortened ends with an ellipsis, at a word where that loses little. The neighbours
-  share what is left, shortest first, each on one line.
+  share what is left, nearest first (then shortest first), each on one line; one that cannot
+  keep 20 characters is left out.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from recall.engines.embedded.search import Hit
 from recall.engines.embedded.store import Neighbour
 from recall.engines.embedded.text import Query
 
+NEIGHBOURS = 4  # turns shown before and after each hit, nearest first when room is short
 NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shortened
 ELLIPSIS = "…"
 
@@ -53,19 +58,25 @@ def _render_hit(hit: Hit, neighbours: list[Neighbour], terms: Sequence[str], bud
     if room < 40:
         return ""
     around = [(f"  ~ {n.where} ({n.role}): ", " ".join(n.text.split())) for n in neighbours]
-    # The passage comes first; neighbours keep a little room (whole when short) unless the
-    # passage alone would not fit.
-    reserve = sum(min(len(lbl) + len(txt), len(lbl) + NEIGHBOUR_MIN) + 1 for lbl, txt in around)
+    distance = [abs(n.offset) for n in neighbours]
+    # The passage comes first; the adjacent turns keep a little room (whole when short) unless
+    # the passage alone would not fit.
+    reserve = sum(
+        min(len(lbl) + len(txt), len(lbl) + NEIGHBOUR_MIN) + 1
+        for (lbl, txt), far in zip(around, distance, strict=True)
+        if far == 1
+    )
     limit = max(room - reserve, min(room, 200)) - 1
     passage = _excerpt(hit.text.strip(), terms, limit) + "\n"
     room -= len(passage)
-    # Share what is left between the neighbours, shortest first so a short one leaves its
-    # unused share to the other.
+    # Share what is left between the neighbours, nearest first, and within one distance the
+    # shortest first, so a short one leaves its unused share to the next.
     lines: dict[int, str] = {}
-    order = sorted(range(len(around)), key=lambda i: len(around[i][1]))
+    order = sorted(range(len(around)), key=lambda i: (distance[i], len(around[i][1])))
     for n, i in enumerate(order):
         label, text = around[i]
-        share = room // (len(order) - n) - len(label) - 1
+        same_distance = sum(1 for j in order[n:] if distance[j] == distance[i])
+        share = room // same_distance - len(label) - 1
         if share < 20:
             continue
         line = label + _shorten(text, share) + "\n"

@@ -1,6 +1,8 @@
 """Ranking: the two legs (BM25 over FTS5, exact cosine), their fusion, recency, the top k.
 
-    query -> lexical leg (BM25, re-ordered by coverage) + dense leg (cosine over the matrix)
+    query -> lexical leg (BM25, re-ordered by rarity-weighted coverage)
+          + dense leg (cosine over the matrix)
+          -> nothing relevant? (no known identifier, or weak on both legs) -> no hits
           -> weighted reciprocal rank fusion -> optional recency -> top k hits
 
 The knobs below were measured on the benchmark; their figures are recorded once, in
@@ -10,12 +12,15 @@ benchmark/README.md, "What moved the numbers". Change one only with a run of tha
 
 from __future__ import annotations
 
+import math
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from recall.engines.embedded.text import Query, coverage, fts_query, is_common
+from recall.engines.embedded.store import doc_counts
+from recall.engines.embedded.text import ID_COVERAGE, Query, coverage, fts_query, is_common
 
 # Fusion: ranks, not scores, are fused (BM25 and cosine live on different scales); 60 is the usual
 # reciprocal-rank constant. The dense leg at half weight: a passage only the model finds cannot
@@ -30,6 +35,14 @@ LEXICAL_POOL = 6  # x candidates: the BM25 rows re-ordered by query coverage
 # (it adds almost nothing to BM25 but makes FTS5 score much of the table), still counted for
 # coverage.
 COMMON_SHARE, COMMON_MIN = 0.02, 200
+# Nothing relevant: a query whose best passage is below MIN_SIMILARITY (cosine, for the packaged
+# MiniLM) and covers less than MIN_COVERED of the query's weight finds nothing; so does a query
+# whose identifiers the history never contains.
+MIN_SIMILARITY = 0.3
+MIN_COVERED = 0.34
+# A turn from a month the query names ("in May 2023", "back in January") scores 1 + MONTH_BOOST
+# times as much: it reorders the pool, never filters it (filters lost recall wherever tried).
+MONTH_BOOST = 1.0
 # With recency on, a hit's score is scaled between RECENCY_FLOOR (very old) and 1 (newest), so
 # recency reorders comparable hits without burying a strong old one under a weak new one.
 RECENCY_FLOOR = 0.5
@@ -54,28 +67,68 @@ def common_floor(passages: int) -> float:
     return max(COMMON_SHARE * passages, COMMON_MIN)
 
 
+def idf(passages: int, containing: int) -> float:
+    """BM25's inverse document frequency: high for a rare term, near 0 for one in most passages
+    (a speaker's name, a word every chat uses)."""
+    return math.log((passages - containing + 0.5) / (containing + 0.5) + 1)
+
+
+@dataclass(frozen=True)
+class Lexical:
+    """The lexical leg's answer: rowids best first, and what the gate needs."""
+
+    ids: list[int]
+    covered: float  # the largest share of the query's weight one passage covers, 0 to 1
+    unknown_ids: bool  # the query names identifiers and the history holds none of them
+
+
 def lexical(
     con: sqlite3.Connection, query: Query, common: frozenset[str], candidates: int
-) -> list[int]:
-    """The lexical leg: rowids, best first, at most ``candidates``."""
+) -> Lexical:
+    """The lexical leg: at most ``candidates`` rowids, best first.
+
+    Each query term weighs its rarity in this user's own history, so a name that occurs in every
+    turn counts for little and a rare noun for much.
+    """
+    passages, counts = doc_counts(con, query.terms)
+    weights = {term: idf(passages, count) for term, count in counts.items()}
+    unknown_ids = bool(query.ids) and all(counts.get(i, 0) == 0 for i in query.ids)
     searched = [t for t in query.terms if not is_common(t, common)] or query.terms
     # A wider BM25 pool, re-ordered by how much of the query each passage covers.
     rows = con.execute(
         "SELECT rowid, text FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
         (fts_query(searched), IDS_COLUMN_WEIGHT, candidates * LEXICAL_POOL),
     ).fetchall()
-    ranked = sorted(enumerate(rows), key=lambda r: (-coverage(query.terms, r[1][1]), r[0]))
-    return [rowid for _, (rowid, _) in ranked[:candidates]]
+    covered = [coverage(query.terms, text, weights) for _, text in rows]
+    ranked = sorted(range(len(rows)), key=lambda i: (-covered[i], i))
+    whole = sum((ID_COVERAGE if t in query.ids else 1) * weights[t] for t in query.terms)
+    return Lexical(
+        ids=[rows[i][0] for i in ranked[:candidates]],
+        covered=max(covered, default=0.0) / whole if whole else 0.0,
+        unknown_ids=unknown_ids,
+    )
 
 
-def dense(ids: np.ndarray, matrix: np.ndarray, qvec: np.ndarray, candidates: int) -> list[int]:
-    """The dense leg: the ``candidates`` rowids whose unit vectors are closest to ``qvec``."""
+def dense(
+    ids: np.ndarray, matrix: np.ndarray, qvec: np.ndarray, candidates: int
+) -> tuple[list[int], float]:
+    """The dense leg: the ``candidates`` rowids whose unit vectors are closest to ``qvec``, and
+    the best cosine (0 for an empty matrix)."""
     if not len(ids):
-        return []
+        return [], 0.0
     scores = matrix @ qvec
     n = min(candidates, len(scores))
     top = np.argpartition(-scores, n - 1)[:n]
-    return [int(ids[i]) for i in top[np.argsort(-scores[top])]]
+    ordered = top[np.argsort(-scores[top])]
+    return [int(ids[i]) for i in ordered], float(scores[ordered[0]])
+
+
+def nothing_relevant(by_words: Lexical, best_similarity: float, min_similarity: float) -> bool:
+    """Whether to answer "nothing found": the identifiers asked for are not in the history, or
+    neither leg found anything close (``min_similarity`` 0 turns the second rule off)."""
+    if by_words.unknown_ids:
+        return True
+    return best_similarity < min_similarity and by_words.covered < MIN_COVERED
 
 
 def fuse(legs: list[tuple[list[int], float]], k: int = RRF_K) -> dict[int, float]:
@@ -100,8 +153,10 @@ def top_hits(
     k: int,
     newest: float,
     half_life_days: float,
+    months: Sequence[tuple[int | None, int]] = (),
 ) -> list[Hit]:
-    """The best ``k`` of the fused rows, recency applied when ``half_life_days`` is set."""
+    """The best ``k`` of the fused rows, recency applied when ``half_life_days`` is set, and
+    turns from a month the query names lifted (never filtered)."""
     if not fused:
         return []
     marks = ",".join("?" * len(fused))
@@ -115,5 +170,9 @@ def top_hits(
     if half_life_days > 0:
         for hit in hits:
             hit.score *= recency(max(newest - hit.epoch, 0.0) / 86_400, half_life_days)
+    for hit in hits:
+        year, month = int(hit.ts[:4]), int(hit.ts[5:7])
+        if any(m == month and y in (None, year) for y, m in months):
+            hit.score *= 1 + MONTH_BOOST
     hits.sort(key=lambda h: (-h.score, h.id))
     return hits[:k]

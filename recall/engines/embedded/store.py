@@ -17,7 +17,7 @@ import logging
 import sqlite3
 import urllib.parse
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +27,7 @@ import numpy as np
 
 from recall.conversations import SOURCE_SUFFIX, read_source, source_files
 from recall.embedder import Embedder
-from recall.engines.embedded.text import identifier_forms
+from recall.engines.embedded.text import fts_query, identifier_forms
 
 log = logging.getLogger("recall.embedded")
 
@@ -380,24 +380,39 @@ def common_stems(con: sqlite3.Connection, floor: float) -> frozenset[str]:
 
 
 class Neighbour(NamedTuple):
-    """A turn next to a hit's: ``where`` is "before" or "after"; ``text`` its pieces joined."""
+    """A turn near a hit's: ``offset`` turns after it (negative: before); its pieces joined."""
 
-    where: str
+    offset: int
     role: str
     text: str
 
+    @property
+    def where(self) -> str:
+        return "before" if self.offset < 0 else "after"
 
-def neighbours(con: sqlite3.Connection, conv: str, seq: int) -> list[Neighbour]:
-    """The turns just before and after turn ``seq`` of a conversation, those that exist."""
+
+def neighbours(con: sqlite3.Connection, conv: str, seq: int, span: int = 1) -> list[Neighbour]:
+    """The turns up to ``span`` before and after turn ``seq`` of a conversation, those that
+    exist, in conversation order."""
     parts: dict[int, tuple[str, list[str]]] = {}
     for turn_seq, role, text in con.execute(
-        "SELECT seq, role, text FROM chunks WHERE conv = ? AND seq IN (?, ?)"
+        "SELECT seq, role, text FROM chunks WHERE conv = ? AND seq BETWEEN ? AND ? AND seq != ?"
         " ORDER BY seq, block, split",
-        (conv, seq - 1, seq + 1),
+        (conv, seq - span, seq + span, seq),
     ):
         parts.setdefault(turn_seq, (role, []))[1].append(text)
     return [
-        Neighbour(where, parts[at][0], " ".join(parts[at][1]))
-        for at, where in ((seq - 1, "before"), (seq + 1, "after"))
-        if at in parts
+        Neighbour(at - seq, role, " ".join(texts)) for at, (role, texts) in sorted(parts.items())
     ]
+
+
+def doc_counts(con: sqlite3.Connection, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
+    """How many passages there are, and how many contain each term (stemmed as FTS5 does)."""
+    total = con.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    counts = {
+        term: con.execute(
+            "SELECT count(*) FROM fts WHERE fts MATCH ?", (fts_query([term]),)
+        ).fetchone()[0]
+        for term in terms
+    }
+    return total, counts

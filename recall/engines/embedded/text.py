@@ -8,7 +8,7 @@ changes what is stored, so it needs a bump of `store.SCHEMA`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 WORD = re.compile(r"\w+")
@@ -44,6 +44,7 @@ class Query:
     terms: tuple[str, ...]  # what the lexical leg searches for (query_terms)
     ids: tuple[str, ...]  # the identifiers' joined forms (MT-4471 -> mt4471), also in terms
     focus: tuple[str, ...]  # what an excerpt keeps in view (focus_terms)
+    months: tuple[tuple[int | None, int], ...] = ()  # (year or None, month) the query names
 
     @classmethod
     def parse(cls, text: str) -> Query:
@@ -52,7 +53,33 @@ class Query:
             terms=tuple(query_terms(text)),
             ids=tuple(identifier_forms(text)),
             focus=tuple(focus_terms(text)),
+            months=tuple(months_named(text)),
         )
+
+
+MONTHS = (
+    "january", "february", "march", "april", "may", "june",
+    "july", "august", "september", "october", "november", "december",
+)  # fmt: skip
+# A month by name (or its three-letter form), then maybe a year: "in May 2023", "Jan 2026".
+# "may" alone is also a verb, so May counts only before a year.
+MONTH_NAMED = re.compile(
+    r"\b(" + "|".join(m[:3] + f"(?:{m[3:]})?" if len(m) > 3 else m for m in MONTHS) + r")\b"
+    r"(?:\s*,?\s*(\d{4}))?",
+    re.IGNORECASE,
+)
+
+
+def months_named(text: str) -> list[tuple[int | None, int]]:
+    """The (year or None, month) pairs a query names: a soft hint for ranking, never a filter."""
+    found = []
+    for match in MONTH_NAMED.finditer(text):
+        name, year = match.group(1).lower(), match.group(2)
+        month = next(i for i, m in enumerate(MONTHS, 1) if m.startswith(name[:3]))
+        if month == 5 and not year and name == "may":
+            continue
+        found.append((int(year) if year else None, month))
+    return list(dict.fromkeys(found))
 
 
 def identifiers(text: str) -> list[str]:
@@ -80,10 +107,10 @@ def query_terms(query: str) -> list[str]:
     time and adds noise.
     """
     words = WORD.findall(query.lower())
-    # One-letter parts of ids (the "v" of V-1415, which "v1415" matches exactly) match thousands
-    # of rows and cost a third of the search time; a one-letter word on its own stays.
-    id_letters = {p for token in identifiers(query.lower()) for p in WORD.findall(token)}
-    terms = [w for w in words if w not in STOPWORDS and not (len(w) == 1 and w in id_letters)]
+    # Single letters (the "t" of "didn't", the "s" of "Caroline's", the "v" of V-1415, which
+    # "v1415" matches exactly) match thousands of rows, cost a third of the search time and say
+    # nothing; a single digit ("note 7") stays.
+    terms = [w for w in words if w not in STOPWORDS and not (len(w) == 1 and w.isalpha())]
     terms = terms or words
     terms += identifier_forms(query)
     return list(dict.fromkeys(terms))[:MAX_QUERY_TERMS]
@@ -111,9 +138,11 @@ def is_common(word: str, common_stems: frozenset[str]) -> bool:
     return any(word[:n] in common_stems for n in range(max(len(word) - 3, 3), len(word) + 1))
 
 
-def coverage(terms: Sequence[str], text: str) -> int:
-    """How much of the query a passage contains (a word counts by its stem-ish prefix; a whole
-    identifier counts as ID_COVERAGE words, so the id always outweighs a few shared words).
+def coverage(terms: Sequence[str], text: str, weights: Mapping[str, float] | None = None) -> float:
+    """How much of the query a passage contains: the weights of the terms it has (1 each when
+    no weights are given). A word counts by its stem-ish prefix; a whole identifier counts
+    ID_COVERAGE times, so the id always outweighs a few shared words. A word shorter than four
+    letters counts only whole (as a prefix, "end" would match "endless").
 
     BM25 sums evidence per term, so a short passage with the id alone can beat the one passage
     that has the id *and* the rest of the question ("line L-382 impeller QC"): among lexical
@@ -122,7 +151,9 @@ def coverage(terms: Sequence[str], text: str) -> int:
     words = set(WORD.findall(text.lower()))
     ids = set(identifier_forms(text))
     return sum(
-        ID_COVERAGE if t in ids else 1
+        (ID_COVERAGE if t in ids else 1) * (weights.get(t, 1.0) if weights else 1.0)
         for t in terms
-        if t in ids or t in words or any(w.startswith(t[: max(4, len(t) - 2)]) for w in words)
+        if t in ids
+        or t in words
+        or (len(t) >= 4 and any(w.startswith(t[: max(4, len(t) - 2)]) for w in words))
     )

@@ -1,0 +1,143 @@
+"""Ranking rules of the embedded engine that the benchmarks measured, each shown on a small real
+history (the real model, real SQLite): rarity-weighted coverage, and "nothing relevant"."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from test_embedded_engine import CORPUS, hits, post
+
+from recall.embedder import OnnxEmbedder, load_embedder
+from recall.engines.embedded import EmbeddedEngine, Query, db_path
+from recall.engines.embedded.search import common_floor, lexical, top_hits
+from recall.engines.embedded.store import common_stems, connect, doc_counts
+
+# A chat between two people: both names in every turn, as a chat log's speaker labels put them.
+CHATTER = [
+    "Caroline: Melanie, tell me how the class went, I want to hear everything!",
+    "Melanie: Caroline, the class was fine, tell you more later.",
+    "Caroline: Melanie, did you tell the kids about the class trip?",
+    "Melanie: Caroline, I will tell them tonight after their class.",
+]
+
+
+@pytest.fixture(scope="module")
+def embedder() -> OnnxEmbedder:
+    return load_embedder()
+
+
+@pytest.fixture(scope="module")
+def chat(embedder: OnnxEmbedder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Twelve chats of names and small talk, and one turn about pottery."""
+    home = tmp_path_factory.mktemp("chat") / "user"
+    for n in range(12):
+        turns = [("user" if i % 2 == 0 else "assistant", text) for i, text in enumerate(CHATTER)]
+        if n == 7:
+            turns.insert(2, ("user", "Caroline: I signed up for a pottery workshop on Saturday."))
+        post(home, f"chat-{n:02d}", f"2026-0{1 + n % 9}-0{1 + n % 9}T10:00:00Z", turns)
+    asyncio.run(EmbeddedEngine(embedder).index(home))
+    return home
+
+
+@pytest.fixture(scope="module")
+def memory(embedder: OnnxEmbedder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("memory") / "user"
+    for cid, (start, turns) in CORPUS.items():
+        post(home, cid, start, turns)
+    asyncio.run(EmbeddedEngine(embedder).index(home))
+    return home
+
+
+def test_a_rare_word_outweighs_names_and_words_every_turn_carries(chat: Path) -> None:
+    # Given a history where the names, "tell" and "class" are in nearly every turn
+    query = Query.parse("Did Caroline tell Melanie about the pottery class?")
+    con = connect(db_path(chat), create=False)
+    try:
+        passages, counts = doc_counts(con, query.terms)
+        common = common_stems(con, common_floor(passages))
+
+        # When the lexical leg ranks its candidates
+        ranked = lexical(con, query, common, candidates=3)
+        first = con.execute("SELECT text FROM chunks WHERE id = ?", (ranked.ids[0],)).fetchone()
+    finally:
+        con.close()
+
+    # Then the one turn with the rare word comes first, though others share more of the
+    # query's words: a word's weight is its rarity in this user's own history
+    assert counts["caroline"] > 40 and counts["pottery"] == 1
+    assert "pottery" in first[0]
+
+
+async def test_a_query_about_something_never_discussed_finds_nothing(
+    embedder: OnnxEmbedder, memory: Path
+) -> None:
+    engine = EmbeddedEngine(embedder, k=3, candidates=8)
+
+    # When the user asks about a topic and an identifier the history never mentions
+    unrelated = await engine.recall(memory, "What did the vet say about the parrot's feathers?")
+    unknown_id = await engine.recall(memory, "ticket MT-5120 for motor P-7")
+
+    # Then nothing comes back (the server answers "Nothing relevant found ...")
+    assert unrelated == ""
+    assert unknown_id == ""
+
+
+async def test_related_questions_still_find_their_passages(
+    embedder: OnnxEmbedder, memory: Path
+) -> None:
+    engine = EmbeddedEngine(embedder, k=3, candidates=8)
+
+    # When the question paraphrases, or names a known identifier next to an unknown one
+    paraphrase = await engine.recall(memory, "who looks after the broken cooling upstairs?")
+    known_id = await engine.recall(memory, "MT-4471 or MT-9999 owner")
+
+    # Then the passages are found
+    assert any("Marcus Lee" in block for block in hits(paraphrase))
+    assert "Priya Raman" in hits(known_id)[0]
+
+
+async def test_the_relevance_floor_can_be_turned_off(embedder: OnnxEmbedder, memory: Path) -> None:
+    engine = EmbeddedEngine(embedder, k=3, candidates=8, min_similarity=0.0)
+    answer = await engine.recall(memory, "What did the vet say about the parrot's feathers?")
+    assert len(hits(answer)) == 3
+
+
+def test_months_named_in_a_query_are_read_with_their_year_and_may_needs_one() -> None:
+    assert Query.parse("When did Melanie go camping in June?").months == ((None, 6),)
+    assert Query.parse("budget from Jan 2026, or was it February?").months == (
+        (2026, 1),
+        (None, 2),
+    )
+    assert Query.parse("in May 2023").months == ((2023, 5),)
+    assert Query.parse("may I ask about the marching band?").months == ()
+
+
+async def test_a_month_named_in_the_query_lifts_that_months_turn_but_filters_nothing(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given the same review in March and in June, March's a little ahead after fusion
+    home = tmp_path / "user"
+    note = "The quarterly budget review moved the hiring plan to the next quarter."
+    post(home, "review-march", "2026-03-10T09:00:00Z", [("user", note)])
+    post(home, "review-june", "2026-06-09T09:00:00Z", [("user", note)])
+    await EmbeddedEngine(embedder).index(home)
+    con = connect(db_path(home), create=False)
+    try:
+        rows = dict(con.execute("SELECT conv, id FROM chunks").fetchall())
+        fused = {rows["review-march"]: 0.0250, rows["review-june"]: 0.0245}
+
+        def first(months: tuple[tuple[int | None, int], ...]) -> str:
+            hits = top_hits(con, fused, k=1, newest=0.0, half_life_days=0.0, months=months)
+            return hits[0].conv
+
+        # When the query names no month, June, June 2026, June 2025, or a month without turns
+        # Then only a June (of that year) lifts June's turn; nothing is ever filtered out
+        assert first(()) == "review-march"
+        assert first(((None, 6),)) == "review-june"
+        assert first(((2026, 6),)) == "review-june"
+        assert first(((2025, 6),)) == "review-march"
+        assert first(((None, 10),)) == "review-march"
+    finally:
+        con.close()
