@@ -4,6 +4,7 @@ retention. The forgotten text never comes back: not in recall, not in the index'
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -28,9 +29,11 @@ def server(
 ) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp(f"lifecycle-{request.param}")
     settings = {"ENGINE": request.param, "INDEX_DEBOUNCE": "0.1"}
-    if request.param == "funes":
-        settings["FUNES_BIN"] = str(install_fake_funes(tmp / "funes-bin").path)
+    funes = install_fake_funes(tmp / "funes-bin") if request.param == "funes" else None
+    if funes is not None:
+        settings["FUNES_BIN"] = str(funes.path)
     with make_server(tmp, users=USERS, **settings).start() as server:
+        server.fake_funes = funes  # type: ignore[attr-defined]
         yield server
 
 
@@ -111,6 +114,8 @@ async def test_forgotten_text_is_gone_from_the_index_files(server: Server, user:
 
     assert SECRET.encode() not in index_bytes(server, user)
     assert KEPT.encode() in index_bytes(server, user)
+    wal = server.home(user) / "embedded" / "recall.db-wal"
+    assert not wal.exists() or wal.stat().st_size == 0  # checkpointed and truncated
 
 
 def test_forget_of_an_unknown_conversation_is_404_and_writes_nothing(
@@ -204,17 +209,35 @@ async def test_a_forget_racing_an_index_run_never_lets_the_text_back(
     server: Server, user: str
 ) -> None:
     seed(server, user)
-    # A new conversation with the word: its index run is due (debounce) or going on when the
-    # forget arrives.
-    assert (
-        server.post(conversation(user, "fresh", f"Again {SECRET} here.", "Ok.", day=10))[0] == 202
-    )
+    # Given an index run that has read a new conversation holding the word and is still busy
+    # (embedding) when the forget arrives: funes' stand-in waits between reading and writing;
+    # the embedded engine reads "a-fresh" first, then embeds it with a long "b-bulk".
+    if server.env["ENGINE"] == "funes":
+        server.fake_funes.control(index_write_sleep=2)  # type: ignore[attr-defined]
+    bulk_text = " ".join(f"word{j % 997}" for j in range(140))
+    bulk = {
+        "user": user,
+        "conversation_id": "b-bulk",
+        "turns": [
+            turn("user", f"{n} {bulk_text}", f"2026-10-10T09:{n:02d}:00Z") for n in range(40)
+        ],
+    }
+    fresh = conversation(user, "a-fresh", f"Again {SECRET} here.", "Ok.", day=10)
+    try:
+        assert server.post(bulk)[0] == 202
+        assert server.post(fresh)[0] == 202
+        time.sleep(0.8)  # past the debounce: the run has started and read the sources
 
-    assert forget(server, user, "fresh")[0] == 200
-    assert forget(server, user, "secret")[0] == 200
+        # When the conversation is forgotten meanwhile
+        assert forget(server, user, "a-fresh")[0] == 200
+        assert forget(server, user, "secret")[0] == 200
+    finally:
+        if server.env["ENGINE"] == "funes":
+            server.fake_funes.control()  # type: ignore[attr-defined]
 
+    # Then once every run is over, neither recall nor the index holds the word
     server.wait_indexed(user)
-    wait_for(lambda: server.health()["indexing"] == 0, timeout=60)
+    wait_for(lambda: server.health()["indexing"] == 0, timeout=120)
     assert SECRET not in await recall(server, user, SECRET)
     assert SECRET.encode() not in index_bytes(server, user)
     assert KEPT in await recall(server, user, KEPT)
