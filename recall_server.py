@@ -9,8 +9,13 @@ Two paths, two credentials:
   comes from the verified bearer token, never from the query. Bounded concurrency, a timeout,
   a character cap, and it fails soft: a memory problem never breaks the conversation.
 
+- Lifecycle. POST /forget, /erase and /receipts (same key, the user in the body) forget a
+  conversation, erase a user and list the receipts; tombstones keep forgotten turns out of later
+  posts; RETENTION_DAYS sweeps old conversations.
+
 Where code goes: request handling and wiring here; the write path's domain in
-recall/conversations.py; index scheduling in recall/scheduler.py; search engines behind the seam
+recall/conversations.py; forget, erase, tombstones, receipts and retention in recall/lifecycle.py;
+index scheduling in recall/scheduler.py; search engines behind the seam
 in recall/engines/ (funes as a subprocess, or the embedded in-process engine); identity in
 recall/auth.py; settings in recall/settings.py.
 """

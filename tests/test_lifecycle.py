@@ -340,3 +340,18 @@ def test_funes_output_drops_the_hits_of_forgotten_sessions() -> None:
     kept = drop_sessions(out, {"secret-conv"})
     assert SECRET not in kept and KEPT in kept and kept.endswith("---\n")
     assert drop_sessions("no results\n", {"secret-conv"}) == "no results\n"
+
+
+def test_a_funes_forget_goes_through_when_funes_rejects_another_file(
+    server: Server, user: str
+) -> None:
+    if server.env["ENGINE"] != "funes":
+        pytest.skip("funes rebuilds its memory; the embedded engine deletes rows")
+    seed(server, user)
+    # A file funes rejects (not written by us: copied in by hand) must not block every forget.
+    (server.home(user) / "src" / "foreign.funes.jsonl").write_text('{"not": "a turn"}\n')
+
+    status, receipt = forget(server, user, "secret")
+
+    assert status == 200 and receipt["removed"]["turns"] == 2
+    assert SECRET.encode() not in index_bytes(server, user)

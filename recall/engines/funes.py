@@ -28,6 +28,7 @@ HINT_LINE = re.compile(r"^[ \t]*→ get .*(?:\n|$)", re.MULTILINE)
 HINT_SESSION = re.compile(r"^[ \t]*→ get (\S+) ", re.MULTILINE)  # the full session id of a hit
 HIT_END = re.compile(r"^---[ \t]*$\n?", re.MULTILINE)
 LOCKED = "another funes memory operation is in progress"
+REJECTED = "a source file was rejected"
 KILL_GRACE = 1.0
 READ_CHUNK = 64 * 1024
 MAX_OUTPUT_BYTES = 64 * 1024  # stdout kept per call; more is read and dropped, never stored
@@ -38,7 +39,7 @@ FAILURE_KINDS = (
     (re.compile(re.escape(LOCKED)), "memory locked by another run"),
     (re.compile(r"model.*(not found|missing)|(not found|missing).*model", re.I), "model missing"),
     (re.compile(r"no memory", re.I), "no memory"),
-    (re.compile(r"rejected", re.I), "a source file was rejected"),
+    (re.compile(r"rejected", re.I), REJECTED),
     (re.compile(r"unexpected argument|usage:", re.I), "bad arguments"),
 )
 
@@ -171,7 +172,9 @@ class FunesEngine:
     async def index(self, home: Path) -> None:
         await self._index(home, home / "src")
 
-    async def _index(self, funes_home: Path, src: Path) -> None:
+    async def _index(self, funes_home: Path, src: Path, *, rejects_ok: bool = False) -> None:
+        """One `funes index`; with ``rejects_ok``, a run that indexed everything but files
+        funes rejects counts as done (a forget must not wait on a file nobody can fix)."""
         argv = [self.binary, "index", "--yes", str(src)]
         for attempt in range(self.lock_retries + 1):
             try:
@@ -183,6 +186,9 @@ class FunesEngine:
             except OSError as exc:
                 raise EngineError(f"funes could not start: {exc.strerror}") from exc
             if result.code == 0:
+                return
+            rejected = failure_kind(result.stderr) == REJECTED
+            if rejects_ok and rejected and (funes_home / "memory").exists():
                 return
             if LOCKED in result.stderr and attempt < self.lock_retries:
                 await asyncio.sleep(0.5 * (attempt + 1))  # someone else holds the memory: retry
@@ -219,7 +225,7 @@ class FunesEngine:
             fresh = home / f".funes-rebuild-{uuid.uuid4().hex}"
             fresh.mkdir()
             try:
-                await self._index(fresh, home / "src")
+                await self._index(fresh, home / "src", rejects_ok=True)
                 exchange(fresh / "memory", home / "memory")
                 if (fresh / "state.json").exists():
                     os.replace(fresh / "state.json", home / "state.json")
