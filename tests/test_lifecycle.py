@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import Server, conversation, install_fake_funes, make_server, turn, wait_for
 
-from recall.engines.base import NO_MEMORY
+from recall.engines.base import NO_MEMORY, ForgetWindows
 from recall.engines.funes import drop_sessions
 
 SECRET = "zephyrquartz"  # a word only the conversation to forget holds
@@ -355,3 +355,34 @@ def test_a_funes_forget_goes_through_when_funes_rejects_another_file(
 
     assert status == 200 and receipt["removed"]["turns"] == 2
     assert SECRET.encode() not in index_bytes(server, user)
+
+
+def test_a_funes_forget_rebuilds_in_a_fresh_home_and_swaps_it_in(server: Server, user: str) -> None:
+    if server.env["ENGINE"] != "funes":
+        pytest.skip("funes rebuilds its memory; the embedded engine deletes rows")
+    seed(server, user)
+    home = server.home(user)
+    before = len(server.fake_funes.calls("index"))  # type: ignore[attr-defined]
+
+    assert forget(server, user, "secret")[0] == 200
+
+    rebuilds = [
+        c["env"]["FUNES_HOME"]
+        for c in server.fake_funes.calls("index")[before:]  # type: ignore[attr-defined]
+        if c["env"]["FUNES_HOME"] != str(home)
+    ]
+    assert len(rebuilds) == 1 and Path(rebuilds[0]).parent == home
+    assert not Path(rebuilds[0]).exists()  # the old memory went with it after the swap
+    assert (home / "memory" / "chunks.json").exists()
+
+
+def test_a_recall_that_overlapped_a_forget_hides_it_and_a_later_one_does_not() -> None:
+    windows = ForgetWindows()
+    home = Path("/data/user")
+    before = time.monotonic()
+    window = windows.open(home, "secret")
+    assert windows.hidden(home, before) == {"secret"}  # the forget is going on
+    windows.close(window)
+    assert windows.hidden(home, before) == {"secret"}  # began before the forget ended
+    assert windows.hidden(Path("/data/other"), before) == set()
+    assert windows.hidden(home, time.monotonic()) == set()  # began after: reads a clean index
