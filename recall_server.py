@@ -9,8 +9,13 @@ Two paths, two credentials:
   comes from the verified bearer token, never from the query. Bounded concurrency, a timeout,
   a character cap, and it fails soft: a memory problem never breaks the conversation.
 
+- Lifecycle. POST /forget, /erase and /receipts (same key, the user in the body) forget a
+  conversation, erase a user and list the receipts; tombstones keep forgotten turns out of later
+  posts; RETENTION_DAYS sweeps old conversations.
+
 Where code goes: request handling and wiring here; the write path's domain in
-recall/conversations.py; index scheduling in recall/scheduler.py; search engines behind the seam
+recall/conversations.py; forget, erase, tombstones, receipts and retention in recall/lifecycle.py;
+index scheduling in recall/scheduler.py; search engines behind the seam
 in recall/engines/ (funes as a subprocess, or the embedded in-process engine); identity in
 recall/auth.py; settings in recall/settings.py.
 """
@@ -48,6 +53,16 @@ from recall.conversations import (
 )
 from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
+from recall.lifecycle import (
+    Forgotten,
+    Lifecycle,
+    NotFound,
+    UserGates,
+    admit_for,
+    list_receipts,
+    parse_request,
+    user_homes,
+)
 from recall.logs import configure_logging
 from recall.scheduler import IndexScheduler, index_and_mark, index_stale
 from recall.settings import ConfigError, Settings, load_settings, settings_help
@@ -85,7 +100,8 @@ TOOL_ANNOTATIONS = ToolAnnotations(
 )
 
 USAGE = """\
-usage: recall-server                 serve the MCP endpoint /mcp, POST /turns and GET /healthz
+usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, GET /healthz and
+                                     POST /forget, /erase, /receipts
        recall-server backfill FILE   import a history in bulk while the server is stopped
                                      (recall-server backfill --help)
        recall-server --help          this text
@@ -151,20 +167,30 @@ def create_app(settings: Settings) -> Starlette:
         log.info("indexed user %s in %.2fs", user_home.name, time.monotonic() - started)
 
     scheduler = IndexScheduler(index_user, settings.index_debounce, settings.index_concurrency)
+    gates = UserGates()
+    lifecycle = Lifecycle(data_dir, engine, scheduler, writes, gates)
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
         # Catch up on whatever changed while we were down, and rebuild any index that is gone
         # or unreadable: a restart or a crash loses nothing.
-        for user_home in sorted(p for p in data_dir.iterdir() if p.is_dir()):
+        for user_home in user_homes(data_dir):
             if index_stale(engine, user_home):
                 scheduler.schedule(user_home)
         log.info("serving with the %s engine, data in %s", engine.name, data_dir)
         # Where the write route's key comes from, for whoever follows the README (never the key).
         log.info("POST /turns takes this server's INGEST_KEY environment variable in x-ingest-key")
+        sweeper = None
+        if settings.retention_days > 0:
+            sweeper = asyncio.create_task(
+                lifecycle.sweep_forever(settings.retention_days, settings.retention_sweep_seconds)
+            )
         try:
             yield {}
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                await asyncio.gather(sweeper, return_exceptions=True)
             await recalls.close()
             await scheduler.close()
             writes.shutdown()
@@ -173,29 +199,86 @@ def create_app(settings: Settings) -> Starlette:
 
     # --- write path -------------------------------------------------------------------------
 
-    @mcp.custom_route("/turns", methods=["POST"])
-    async def ingest(request: Request) -> JSONResponse:
+    async def keyed_body(request: Request) -> bytes | JSONResponse:
+        """The body of a request to an ingest-key route, or the refusal to send."""
         # Custom routes sit outside FastMCP's auth: check the shared key here, in constant time.
         provided = request.headers.get("x-ingest-key", "").encode("latin-1")
         if not hmac.compare_digest(provided, ingest_key):
             return error(401, "x-ingest-key: missing or wrong")
         try:
-            raw = await read_limited(request, settings.max_body_bytes, settings.body_timeout)
+            return await read_limited(request, settings.max_body_bytes, settings.body_timeout)
         except BodyTooLarge:
             return error(413, f"body: larger than {settings.max_body_bytes} bytes")
         except TimeoutError:
             return error(408, f"body: not received within {settings.body_timeout:g} s")
+
+    def bad_body(exc: Exception) -> JSONResponse:
+        message = str(exc) if isinstance(exc, InvalidConversation) else "body: not valid JSON"
+        return error(400, message)
+
+    @mcp.custom_route("/turns", methods=["POST"])
+    async def ingest(request: Request) -> JSONResponse:
+        if isinstance(raw := await keyed_body(request), JSONResponse):
+            return raw
         try:
             conversation = parse_conversation(json.loads(raw), limits)
         except (ValueError, RecursionError) as exc:  # InvalidConversation is a ValueError
-            message = str(exc) if isinstance(exc, InvalidConversation) else "body: not valid JSON"
-            return error(400, message)
+            return bad_body(exc)
         user_home = home(conversation.user)
         # Durable before 202. A stale re-post (an older snapshot of what is stored) writes nothing.
-        if not await run_in(writes, write_conversation, user_home, conversation):
+        # Tombstones: only turns stamped after a forget (or an erasure) are stored again.
+        try:
+            async with gates.post(user_home):
+                written = await run_in(
+                    writes, write_conversation, user_home, conversation, admit_for(user_home)
+                )
+        except Forgotten:
+            return error(410, "conversation_id: forgotten; no turn is stamped after the forget")
+        if not written:
             log.info("user %s: post already stored, nothing written", user_home.name)
         scheduler.schedule(user_home)
         return JSONResponse({"stored": conversation.conversation_id}, status_code=202)
+
+    # --- the data lifecycle (recall/lifecycle.py): the user in the body, never in a URL -----
+
+    @mcp.custom_route("/forget", methods=["POST"])
+    async def forget(request: Request) -> JSONResponse:
+        if isinstance(raw := await keyed_body(request), JSONResponse):
+            return raw
+        try:
+            user, conversation_id = parse_request(json.loads(raw), limits, conversation=True)
+        except (ValueError, RecursionError) as exc:
+            return bad_body(exc)
+        try:
+            receipt = await lifecycle.forget(home(user), conversation_id, "request")
+        except NotFound:
+            return error(404, "conversation_id: no such conversation for this user")
+        except EngineError as exc:  # the source is gone and tombstoned; a retry finishes the job
+            log.warning("forget for user %s failed: %s", home(user).name, describe(exc))
+            return error(503, "index: could not be cleaned yet; repeat the request")
+        return JSONResponse(receipt)
+
+    @mcp.custom_route("/erase", methods=["POST"])
+    async def erase(request: Request) -> JSONResponse:
+        if isinstance(raw := await keyed_body(request), JSONResponse):
+            return raw
+        try:
+            user, _ = parse_request(json.loads(raw), limits, conversation=False)
+        except (ValueError, RecursionError) as exc:
+            return bad_body(exc)
+        return JSONResponse(await lifecycle.erase(home(user)))
+
+    @mcp.custom_route("/receipts", methods=["POST"])
+    async def receipts(request: Request) -> JSONResponse:
+        if isinstance(raw := await keyed_body(request), JSONResponse):
+            return raw
+        try:
+            user, _ = parse_request(json.loads(raw), limits, conversation=False)
+        except (ValueError, RecursionError) as exc:
+            return bad_body(exc)
+        user_hash = home(user).name
+        found = await run_in(writes, list_receipts, data_dir, user_hash)
+        return JSONResponse({"user": user_hash, "receipts": found})
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(_: Request) -> JSONResponse:

@@ -5,8 +5,9 @@ Write path: conversations (validate a posted conversation, write it in funes for
 -> engines (index a user's sources; recall a query), funes as a subprocess or the embedded engine.
 
 Where new code goes: names HTTP or MCP -> recall_server.py; says what a conversation or a user
-directory is -> conversations.py; decides when to index -> scheduler.py; searches -> one engine
-behind engines/base.py; reads the environment or refuses a configuration -> settings.py; starts
+directory is -> conversations.py; decides when to index -> scheduler.py; forgets, erases, keeps
+tombstones or receipts -> lifecycle.py; searches -> one engine behind engines/base.py; reads
+the environment or refuses a configuration -> settings.py; starts
 a real server for tests, the benchmark or a demo -> testing.py. In the embedded engine
 (engines/embedded/): a word rule -> text.py; what is stored -> store.py (with a SCHEMA bump); how
 hits rank -> search.py (judged by the benchmark); what the agent reads -> render.py (a contract);

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -160,7 +160,11 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
     return Conversation(user=user, conversation_id=cid, lines=lines)
 
 
-def write_conversation(home: Path, conversation: Conversation) -> bool:
+def write_conversation(
+    home: Path,
+    conversation: Conversation,
+    admit: Callable[[Conversation], Conversation] | None = None,
+) -> bool:
     """Store the whole conversation durably and atomically; returns whether the file was written.
 
     Nothing is written when the stored file already holds this post: byte for byte, or as a longer
@@ -168,7 +172,9 @@ def write_conversation(home: Path, conversation: Conversation) -> bool:
     snapshot cannot shorten the conversation. Any other change replaces the file. The
     conversation's lock makes reading, deciding and replacing one step against every other
     writer, in this process or another (the backfill command); a unique temporary name (never
-    .jsonl, so no engine reads it) and a rename install one complete file.
+    .jsonl, so no engine reads it) and a rename install one complete file. ``admit``, called
+    under the lock, decides what of the post may be stored (the tombstones, recall/lifecycle.py)
+    and may raise to store nothing.
     """
     data = conversation.to_jsonl().encode("utf-8")  # fails before any mkdir, leaving nothing
     src = home / "src"
@@ -177,6 +183,9 @@ def write_conversation(home: Path, conversation: Conversation) -> bool:
     try:
         src.mkdir(parents=True, exist_ok=True)
         with conversation_lock(home, conversation.conversation_id):
+            if admit is not None:
+                conversation = admit(conversation)
+                data = conversation.to_jsonl().encode("utf-8")
             if _holds(target, data, conversation.lines):
                 # Acknowledged as stored, so make sure it is durable even if its writer died
                 # between its rename and its fsyncs.

@@ -12,7 +12,8 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class IndexScheduler:
         # A user has one task, so she waits in this queue at most once however often she posts.
         self._runs = asyncio.Semaphore(concurrency)
         self._users: dict[Path, _UserState] = {}  # strong refs: the loop only keeps weak ones
+        self._slots: dict[Path, asyncio.Lock] = {}  # a user's index slot: runs, forgets, erases
 
     def schedule(self, home: Path) -> None:
         state = self._users.setdefault(home, _UserState())
@@ -58,7 +60,7 @@ class IndexScheduler:
     async def _run(self, home: Path, state: _UserState) -> None:
         while state.dirty:
             await asyncio.sleep(self._debounce)
-            async with self._runs:
+            async with self._runs, self._slot(home):
                 state.dirty = False  # a write while queued is covered by this run
                 try:
                     await self._index(home)
@@ -66,6 +68,16 @@ class IndexScheduler:
                     raise
                 except Exception as exc:  # logged; retried at the next write or failed recall
                     log.warning("index run failed for user %s: %s", home.name, exc)
+
+    def _slot(self, home: Path) -> asyncio.Lock:
+        return self._slots.setdefault(home, asyncio.Lock())
+
+    @asynccontextmanager
+    async def exclusive(self, home: Path) -> AsyncIterator[None]:
+        """Hold this user's index slot (and a run slot: a funes forget is an index run): no index
+        run of theirs goes on meanwhile. Taken in the same order as a run takes them."""
+        async with self._runs, self._slot(home):
+            yield
 
     async def close(self) -> None:
         tasks = [s.task for s in self._users.values() if s.task and not s.task.done()]

@@ -153,6 +153,18 @@ class Settings(BaseSettings):
         2, ge=1, description="index runs at once across all users (first due, first run)"
     )
 
+    # Retention: 0 keeps everything, the safe default (forgetting cannot be undone); an hour
+    # between sweeps: retention is counted in days, and a sweep reads every source's last turn.
+    retention_days: float = Field(
+        0.0,
+        ge=0,
+        description="forget conversations whose last turn is older than this many days, with "
+        "receipts and tombstones (0: keep everything)",
+    )
+    retention_sweep_seconds: float = Field(
+        3600.0, gt=0, description="seconds between retention sweeps (the first runs at start)"
+    )
+
     # Transport bounds: no client holds a connection, a descriptor or a slot for long.
     # 200 open connections: far more than RECALL_CONCURRENCY lets work at once, far below the
     # common limit of 1024 open files.

@@ -120,11 +120,15 @@ class LocalServer:
             return json.loads(response.read())
 
     def post(
-        self, body: Any, key: str | None = "default", raw: bytes | None = None
+        self,
+        body: Any,
+        key: str | None = "default",
+        raw: bytes | None = None,
+        route: str = "/turns",
     ) -> tuple[int, dict[str, Any]]:
-        """POST /turns as the gateway does; (status, JSON answer)."""
+        """POST /turns (or another ingest-key route) as the gateway does; (status, JSON answer)."""
         data = raw if raw is not None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{self.url}/turns", data=data, method="POST")
+        request = urllib.request.Request(f"{self.url}{route}", data=data, method="POST")
         request.add_header("content-type", "application/json")
         if key is not None:
             request.add_header("x-ingest-key", self.ingest_key if key == "default" else key)

@@ -11,7 +11,8 @@ lines and neighbour lines, and `no results` when nothing matches.
 For the tests it also records every call (argv, environment, pid, times) in `calls.jsonl` next
 to itself, including the end of a call killed by SIGTERM, and obeys `control.json` next to
 itself: {"mode": "normal" | "sleep" | "fail" | "empty" | "big" | "huge", "sleep": seconds,
-"index_sleep": seconds, "index_fail": bool, "spawn_child": bool, "huge_bytes": int (stdout
+"index_sleep": seconds, "index_write_sleep": seconds (between reading the sources and writing
+the memory, as embedding takes), "index_fail": bool, "spawn_child": bool, "huge_bytes": int (stdout
 size in mode huge), "error": str (the failure message instead of the usual one; "{query}" and
 "{home}" are filled in)}. The control file sits beside the script, not in the environment,
 because the server clears the environment.
@@ -164,6 +165,7 @@ def cmd_index(args: list[str], home: Path, control: dict[str, Any]) -> int:
                         "harness": turn["harness"], "block_type": block["block_type"],
                         "text": piece,
                     })  # fmt: skip
+    time.sleep(float(control.get("index_write_sleep", 0)))  # embedding: read, then written
     tmp = store_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(chunks))
     tmp.replace(store_path)

@@ -8,6 +8,9 @@ an engine only searches, and raises when it cannot.
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -41,3 +44,61 @@ class Engine(Protocol):
         (the server cancels it on timeout) and to run while an index run is going on.
         """
         ...
+
+    async def forget(self, home: Path, conversation_id: str) -> int | None:
+        """Remove every indexed row of a conversation whose source is already gone; the number
+        of rows removed, or None when the engine cannot count them. The server runs it with the
+        user's index slot held (no index run at the same time). Once it returns, no recall,
+        not even one that started before it, returns that conversation's text."""
+        ...
+
+
+# How long a finished forget keeps hiding its conversation from recalls that started before it
+# ended: far longer than any recall may run (the server cancels them at RECALL_TIMEOUT).
+FORGET_WINDOW_KEPT = 3600.0
+
+
+@dataclass
+class _Forgetting:
+    home: Path
+    conversation_id: str
+    started: float
+    ended: float | None = None
+
+
+class ForgetWindows:
+    """The conversations being forgotten, and when, for the engines' recall filters.
+
+    A recall that overlapped a forget in time (it ended after the forget began and began before
+    the forget ended) drops that conversation's passages: it may have read the index before the
+    rows were gone. A recall that starts after the forget has ended reads an index without them,
+    so a conversation posted again after its forget is found again.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._windows: list[_Forgetting] = []
+
+    def open(self, home: Path, conversation_id: str) -> _Forgetting:
+        window = _Forgetting(home, conversation_id, time.monotonic())
+        with self._lock:
+            self._windows.append(window)
+        return window
+
+    def close(self, window: _Forgetting) -> None:
+        with self._lock:
+            window.ended = time.monotonic()
+
+    def hidden(self, home: Path, recall_started: float) -> set[str]:
+        """Conversation ids a recall of ``home`` that began at ``recall_started`` (monotonic)
+        and ends now must not return."""
+        now = time.monotonic()
+        with self._lock:
+            self._windows = [
+                w for w in self._windows if w.ended is None or now - w.ended < FORGET_WINDOW_KEPT
+            ]
+            return {
+                w.conversation_id
+                for w in self._windows
+                if w.home == home and (w.ended is None or w.ended >= recall_started)
+            }

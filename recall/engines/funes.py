@@ -7,22 +7,28 @@ through a stand-in executable that honours it, since the binary cannot be had on
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import re
 import shutil
 import signal
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from recall.engines.base import EngineError
+from recall.engines.base import EngineError, ForgetWindows
 
 log = logging.getLogger("recall.funes")
 
 # funes prints "  → get <session> <turn> --memory <path>" after each hit for agents that can
 # call `get`. Ours cannot; the lines would only leak server paths and session ids.
 HINT_LINE = re.compile(r"^[ \t]*→ get .*(?:\n|$)", re.MULTILINE)
+HINT_SESSION = re.compile(r"^[ \t]*→ get (\S+) ", re.MULTILINE)  # the full session id of a hit
+HIT_END = re.compile(r"^---[ \t]*$\n?", re.MULTILINE)
 LOCKED = "another funes memory operation is in progress"
+REJECTED = "a source file was rejected"
 KILL_GRACE = 1.0
 READ_CHUNK = 64 * 1024
 MAX_OUTPUT_BYTES = 64 * 1024  # stdout kept per call; more is read and dropped, never stored
@@ -33,7 +39,7 @@ FAILURE_KINDS = (
     (re.compile(re.escape(LOCKED)), "memory locked by another run"),
     (re.compile(r"model.*(not found|missing)|(not found|missing).*model", re.I), "model missing"),
     (re.compile(r"no memory", re.I), "no memory"),
-    (re.compile(r"rejected", re.I), "a source file was rejected"),
+    (re.compile(r"rejected", re.I), REJECTED),
     (re.compile(r"unexpected argument|usage:", re.I), "bad arguments"),
 )
 
@@ -147,6 +153,7 @@ class FunesEngine:
         self.index_timeout = index_timeout
         self.lock_retries = lock_retries
         self.max_output_bytes = max_output_bytes
+        self._forgetting = ForgetWindows()
 
     def _env(self, home: Path) -> dict[str, str]:
         # A cleared environment: funes sees its memory, its models, offline mode and PATH only.
@@ -163,11 +170,16 @@ class FunesEngine:
         return (home / "memory").exists()
 
     async def index(self, home: Path) -> None:
-        argv = [self.binary, "index", "--yes", str(home / "src")]
+        await self._index(home, home / "src")
+
+    async def _index(self, funes_home: Path, src: Path, *, rejects_ok: bool = False) -> None:
+        """One `funes index`; with ``rejects_ok``, a run that indexed everything but files
+        funes rejects counts as done (a forget must not wait on a file nobody can fix)."""
+        argv = [self.binary, "index", "--yes", str(src)]
         for attempt in range(self.lock_retries + 1):
             try:
                 result = await run_process(
-                    argv, self._env(home), self.index_timeout, self.max_output_bytes
+                    argv, self._env(funes_home), self.index_timeout, self.max_output_bytes
                 )
             except TimeoutError as exc:
                 raise EngineError(f"funes index timed out after {self.index_timeout:g}s") from exc
@@ -175,12 +187,16 @@ class FunesEngine:
                 raise EngineError(f"funes could not start: {exc.strerror}") from exc
             if result.code == 0:
                 return
+            rejected = failure_kind(result.stderr) == REJECTED
+            if rejects_ok and rejected and (funes_home / "memory").exists():
+                return
             if LOCKED in result.stderr and attempt < self.lock_retries:
                 await asyncio.sleep(0.5 * (attempt + 1))  # someone else holds the memory: retry
                 continue
             raise EngineError(f"funes index exited {result.code}: {failure_kind(result.stderr)}")
 
     async def recall(self, home: Path, query: str) -> str:
+        started = time.monotonic()
         # `--` so a user who types "-k 100" is searching for that text, not passing a flag.
         argv = [self.binary, "recall", "-k", str(self.k), "--candidates", str(self.candidates)]
         try:
@@ -191,8 +207,70 @@ class FunesEngine:
             raise EngineError(f"funes could not start: {exc.strerror}") from exc
         if result.code != 0:
             raise EngineError(f"funes recall exited {result.code}: {failure_kind(result.stderr)}")
-        text = HINT_LINE.sub("", result.stdout).strip()
-        return "" if text == "no results" else text
+        stdout = result.stdout
+        if hidden := self._forgetting.hidden(home, started):
+            stdout = drop_sessions(stdout, hidden)
+        text = HINT_LINE.sub("", stdout).strip()
+        return "" if text in ("no results", "") else text
+
+    async def forget(self, home: Path, conversation_id: str) -> None:
+        """funes is append-only: rebuild the memory from the remaining sources in a fresh
+        FUNES_HOME, then swap it in with one atomic exchange of the two `memory` directories.
+        Until the swap, recalls read the old memory and drop the conversation's hits (the
+        `→ get` line names each hit's full session id). funes does not count rows: None."""
+        window = self._forgetting.open(home, conversation_id)
+        try:
+            if not self.has_memory(home):
+                return None  # nothing indexed yet: the next index run reads the sources as they are
+            fresh = home / f".funes-rebuild-{uuid.uuid4().hex}"
+            fresh.mkdir()
+            try:
+                await self._index(fresh, home / "src", rejects_ok=True)
+                exchange(fresh / "memory", home / "memory")
+                if (fresh / "state.json").exists():
+                    os.replace(fresh / "state.json", home / "state.json")
+            finally:
+                # the failed build, or after the swap the old memory
+                shutil.rmtree(fresh, ignore_errors=True)
+            return None
+        finally:
+            self._forgetting.close(window)
+
+
+def drop_sessions(stdout: str, sessions: set[str]) -> str:
+    """funes' agent-format output without the hits of these sessions."""
+    if not HINT_SESSION.search(stdout):
+        return stdout  # "no results", or nothing we can attribute
+    kept = []
+    for hit in HIT_END.split(stdout):
+        found = HINT_SESSION.search(hit)
+        if found and found.group(1) in sessions:
+            continue
+        kept.append(hit)
+    remaining = [hit for hit in kept if hit.strip()]
+    return "".join(hit.rstrip("\n") + "\n---\n" for hit in remaining)
+
+
+RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two directories in one step (renameat2 RENAME_EXCHANGE): a reader sees the one or
+    the other, never neither. Where the call is missing, two renames, with a moment between
+    them in which a recall finds no memory and fails soft."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd = -100
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE) == 0:
+            return
+        errno = ctypes.get_errno()
+        if errno not in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not on this filesystem
+            raise OSError(errno, os.strerror(errno), str(b))
+    aside = b.with_name(f".{b.name}.{uuid.uuid4().hex}")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
 
 
 def failure_kind(stderr: str) -> str:

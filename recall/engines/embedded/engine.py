@@ -29,7 +29,7 @@ import numpy as np
 
 from recall.concurrency import run_in
 from recall.embedder import Embedder, release_freed_memory
-from recall.engines.base import EngineError
+from recall.engines.base import EngineError, ForgetWindows
 from recall.engines.embedded.render import NEIGHBOURS, render
 from recall.engines.embedded.search import (
     DENSE_WEIGHT,
@@ -49,6 +49,7 @@ from recall.engines.embedded.store import (
     connect,
     db_path,
     discard,
+    forget_conversation,
     generation,
     is_corrupt,
     load_vectors,
@@ -141,6 +142,7 @@ class EmbeddedEngine:
         self._recall_pool = ThreadPoolExecutor(recall_concurrency, thread_name_prefix="recall")
         # One BM25 leg at a time per recall thread.
         self._pool = ThreadPoolExecutor(recall_concurrency, thread_name_prefix="recall-bm25")
+        self._forgetting = ForgetWindows()
 
     # -- the Engine protocol -------------------------------------------------------------------
 
@@ -157,6 +159,24 @@ class EmbeddedEngine:
         if not query.strip():
             return ""
         return await run_in(self._recall_pool, self._recall, home, query)
+
+    async def forget(self, home: Path, conversation_id: str) -> int:
+        window = self._forgetting.open(home, conversation_id)
+        try:
+            return await run_in(self._index_pool, self._forget, home, conversation_id)
+        finally:
+            self._forgetting.close(window)
+
+    def _forget(self, home: Path, conversation_id: str) -> int:
+        path = db_path(home)
+        # A db moved aside as corrupt may hold the conversation: it goes, post-mortem or not.
+        path.with_name(path.name + ".corrupt").unlink(missing_ok=True)
+        if not looks_like_db(path):
+            return 0  # no index (or garbage, rebuilt from the remaining sources by the next run)
+        try:
+            return forget_conversation(path, conversation_id)
+        except sqlite3.Error as exc:
+            raise EngineError(f"embedded forget failed: {type(exc).__name__}") from exc
 
     # -- index ----------------------------------------------------------------------------------
 
@@ -187,6 +207,7 @@ class EmbeddedEngine:
         if not path.is_file():
             return ""
         query = Query.parse(text)  # once: the search and the rendering read the same analysis
+        started = time.monotonic()
         try:
             con = connect(path, create=False)
             try:
@@ -200,6 +221,9 @@ class EmbeddedEngine:
                 con.close()
         except sqlite3.Error as exc:
             raise EngineError(f"embedded index unreadable: {type(exc).__name__}") from exc
+        # A forget that overlapped this recall may have deleted rows after our snapshot began.
+        if hidden := self._forgetting.hidden(home, started):
+            with_neighbours = [(h, n) for h, n in with_neighbours if h.conv not in hidden]
         return render(with_neighbours, query, self.max_chars)
 
     def _search(self, con: sqlite3.Connection, key: str, query: Query) -> list[Hit]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sqlite3
+import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
@@ -340,6 +341,41 @@ def flush(con: sqlite3.Connection, pending: list[_FileWork], embedder: Embedder)
     except BaseException:
         con.execute("ROLLBACK")
         raise
+
+
+def forget_conversation(path: Path, conv: str) -> int:
+    """Delete a conversation's rows so that its text is gone from the db's bytes; rows removed.
+
+    secure_delete overwrites freed content with zeros; the FTS index is merged into one segment
+    (FTS5 otherwise keeps a deleted row's terms in old segments, only marked deleted); the WAL,
+    which held the old pages, is checkpointed into the db and truncated to nothing.
+    """
+    con = connect(path, create=False)
+    try:
+        con.execute("PRAGMA secure_delete = ON")
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            removed = con.execute("DELETE FROM chunks WHERE conv = ?", (conv,)).rowcount
+            con.execute("DELETE FROM files WHERE conv = ?", (conv,))
+            con.execute("INSERT INTO fts (fts) VALUES ('optimize')")
+            bump(con)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        # TRUNCATE waits (busy_timeout) for readers of older snapshots; retry until it went
+        # through, so no copy of the deleted pages is left in the WAL when we return.
+        for _ in range(CHECKPOINT_TRIES):
+            busy, _log, _done = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                return max(removed, 0)
+            time.sleep(0.1)
+        raise sqlite3.OperationalError("WAL checkpoint stayed busy")
+    finally:
+        con.close()
+
+
+CHECKPOINT_TRIES = 50
 
 
 def bump(con: sqlite3.Connection) -> None:

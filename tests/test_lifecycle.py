@@ -1,0 +1,388 @@
+"""The data lifecycle over real HTTP, on both engines: forget, tombstones, erase, receipts,
+retention. The forgotten text never comes back: not in recall, not in the index's bytes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Server, conversation, install_fake_funes, make_server, turn, wait_for
+
+from recall.engines.base import NO_MEMORY, ForgetWindows
+from recall.engines.funes import drop_sessions
+
+SECRET = "zephyrquartz"  # a word only the conversation to forget holds
+KEPT = "marigoldvector"  # a word only the conversation that stays holds
+USERS = [f"user-{n}" for n in range(40)]  # each test takes a fresh one: the server is shared
+ENGINES = ["embedded", "funes"]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp(f"lifecycle-{request.param}")
+    settings = {"ENGINE": request.param, "INDEX_DEBOUNCE": "0.1"}
+    funes = install_fake_funes(tmp / "funes-bin") if request.param == "funes" else None
+    if funes is not None:
+        settings["FUNES_BIN"] = str(funes.path)
+    with make_server(tmp, users=USERS, **settings).start() as server:
+        server.fake_funes = funes  # type: ignore[attr-defined]
+        yield server
+
+
+_next_user = iter(USERS * len(ENGINES))
+
+
+@pytest.fixture
+def user(server: Server) -> str:
+    """A user of its own for each test (the module's server is shared)."""
+    return next(_next_user)
+
+
+def forget(server: Server, user: str, cid: str, **kw: Any) -> tuple[int, dict[str, Any]]:
+    return server.post({"user": user, "conversation_id": cid}, route="/forget", **kw)
+
+
+def receipts(server: Server, user: str) -> list[dict[str, Any]]:
+    status, body = server.post({"user": user}, route="/receipts")
+    assert status == 200
+    return body["receipts"]
+
+
+def source(server: Server, user: str, cid: str) -> Path:
+    return server.home(user) / "src" / f"{cid}.funes.jsonl"
+
+
+def later(minutes: int = 1) -> str:
+    """A turn stamp after anything the server did so far (the forget time)."""
+    return (datetime.now(UTC) + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def seed(server: Server, user: str) -> None:
+    """Two conversations: `secret` (to forget) and `kept`, indexed."""
+    forgotten = conversation(user, "secret", f"The vault code word is {SECRET}.", "Noted.")
+    kept = conversation(user, "kept", f"The garden plan is {KEPT}.", "Noted the plan.", day=9)
+    for body in (forgotten, kept):
+        assert server.post(body)[0] == 202
+    server.wait_indexed(user)
+
+
+async def recall(server: Server, user: str, query: str) -> str:
+    return await server.recall(user, query)
+
+
+def index_bytes(server: Server, user: str) -> bytes:
+    """Every byte of the user's index files, lowercased (the FTS index stores terms lowercased)."""
+    home = server.home(user)
+    files = [p for p in home.rglob("*") if p.is_file() and "src" not in p.parts]
+    return b"".join(p.read_bytes() for p in files).lower()
+
+
+# --- forget -----------------------------------------------------------------------------------
+
+
+async def test_forget_removes_the_conversation_and_answers_a_receipt(
+    server: Server, user: str
+) -> None:
+    seed(server, user)
+    assert SECRET in await recall(server, user, SECRET)
+
+    status, receipt = forget(server, user, "secret")
+
+    assert status == 200
+    assert receipt["operation"] == "forget" and receipt["conversation_id"] == "secret"
+    assert receipt["removed"]["conversations"] == 1 and receipt["removed"]["turns"] == 2
+    assert receipt["receipt"] and receipt["at"].endswith("Z") and receipt["reason"] == "request"
+    assert SECRET not in json.dumps(receipt)
+    assert not source(server, user, "secret").exists()
+    assert SECRET not in await recall(server, user, SECRET)
+    assert KEPT in await recall(server, user, KEPT)
+
+
+async def test_forgotten_text_is_gone_from_the_index_files(server: Server, user: str) -> None:
+    seed(server, user)
+    assert SECRET.encode() in index_bytes(server, user)
+
+    assert forget(server, user, "secret")[0] == 200
+
+    assert SECRET.encode() not in index_bytes(server, user)
+    assert KEPT.encode() in index_bytes(server, user)
+    wal = server.home(user) / "embedded" / "recall.db-wal"
+    assert not wal.exists() or wal.stat().st_size == 0  # checkpointed and truncated
+
+
+def test_forget_of_an_unknown_conversation_is_404_and_writes_nothing(
+    server: Server, user: str
+) -> None:
+    status, body = forget(server, user, "never-posted")
+    assert status == 404 and body["error"].startswith("conversation_id:")
+    assert not server.home(user).exists()
+    assert receipts(server, user) == []
+
+
+def test_repeating_a_forget_answers_the_same_receipt(server: Server, user: str) -> None:
+    seed(server, user)
+    first = forget(server, user, "secret")
+    again = forget(server, user, "secret")
+    assert first[0] == again[0] == 200 and again[1] == first[1]
+    assert len(receipts(server, user)) == 1
+
+
+def test_forget_without_the_ingest_key_is_refused(server: Server, user: str) -> None:
+    seed(server, user)
+    status, body = forget(server, user, "secret", key="wrong-key-wrong-key")
+    assert status == 401 and body["error"].startswith("x-ingest-key")
+    assert source(server, user, "secret").exists()
+
+
+def test_forget_with_a_bad_conversation_id_names_the_field(server: Server, user: str) -> None:
+    status, body = forget(server, user, "../etc")
+    assert status == 400 and body["error"].startswith("conversation_id:")
+    status, body = server.post({"conversation_id": "x"}, route="/forget")
+    assert status == 400 and body["error"].startswith("user:")
+
+
+# --- tombstones -------------------------------------------------------------------------------
+
+
+async def test_a_repost_of_a_forgotten_conversation_is_refused_with_410(
+    server: Server, user: str
+) -> None:
+    seed(server, user)
+    assert forget(server, user, "secret")[0] == 200
+
+    status, body = server.post(conversation(user, "secret", f"code {SECRET}", "Noted."))
+
+    assert status == 410 and body["error"].startswith("conversation_id:")
+    assert not source(server, user, "secret").exists()
+
+
+async def test_a_repost_stores_only_turns_stamped_after_the_forget(
+    server: Server, user: str
+) -> None:
+    seed(server, user)
+    assert forget(server, user, "secret")[0] == 200
+    reposted = conversation(user, "secret", f"The vault code word is {SECRET}.", "Noted.")
+    reposted["turns"].append(turn("user", "And the lunch order is pelicanbrioche.", later()))
+
+    status, _ = server.post(reposted)
+
+    assert status == 202
+    stored = [json.loads(line) for line in source(server, user, "secret").read_text().splitlines()]
+    assert [(t["seq"], t["blocks"][0]["text"]) for t in stored] == [
+        (0, "And the lunch order is pelicanbrioche.")
+    ]
+    server.wait_indexed(user)
+    assert "pelicanbrioche" in await recall(server, user, "pelicanbrioche lunch")
+    assert SECRET not in await recall(server, user, SECRET)
+    assert SECRET.encode() not in index_bytes(server, user)
+
+
+async def test_a_forget_racing_posts_of_the_same_conversation_never_lets_the_text_back(
+    server: Server, user: str
+) -> None:
+    seed(server, user)
+    body = conversation(user, "secret", f"The vault code word is {SECRET}.", "Noted.")
+    statuses: list[int] = []
+    with ThreadPoolExecutor(6) as pool:
+        posts = [pool.submit(server.post, body) for _ in range(10)]
+        forgot = pool.submit(forget, server, user, "secret")
+        posts += [pool.submit(server.post, body) for _ in range(10)]
+        statuses = [p.result()[0] for p in posts]
+    assert forgot.result()[0] == 200
+    assert set(statuses) <= {202, 410}
+
+    assert not source(server, user, "secret").exists()
+    server.wait_indexed(user)
+    assert SECRET not in await recall(server, user, SECRET)
+    assert SECRET.encode() not in index_bytes(server, user)
+
+
+async def test_a_forget_racing_an_index_run_never_lets_the_text_back(
+    server: Server, user: str
+) -> None:
+    seed(server, user)
+    # Given an index run that has read a new conversation holding the word and is still busy
+    # (embedding) when the forget arrives: funes' stand-in waits between reading and writing;
+    # the embedded engine reads "a-fresh" first, then embeds it with a long "b-bulk".
+    if server.env["ENGINE"] == "funes":
+        server.fake_funes.control(index_write_sleep=2)  # type: ignore[attr-defined]
+    bulk_text = " ".join(f"word{j % 997}" for j in range(140))
+    bulk = {
+        "user": user,
+        "conversation_id": "b-bulk",
+        "turns": [
+            turn("user", f"{n} {bulk_text}", f"2026-10-10T09:{n:02d}:00Z") for n in range(40)
+        ],
+    }
+    fresh = conversation(user, "a-fresh", f"Again {SECRET} here.", "Ok.", day=10)
+    try:
+        assert server.post(bulk)[0] == 202
+        assert server.post(fresh)[0] == 202
+        time.sleep(0.8)  # past the debounce: the run has started and read the sources
+
+        # When the conversation is forgotten meanwhile
+        assert forget(server, user, "a-fresh")[0] == 200
+        assert forget(server, user, "secret")[0] == 200
+    finally:
+        if server.env["ENGINE"] == "funes":
+            server.fake_funes.control()  # type: ignore[attr-defined]
+
+    # Then once every run is over, neither recall nor the index holds the word
+    server.wait_indexed(user)
+    wait_for(lambda: server.health()["indexing"] == 0, timeout=120)
+    assert SECRET not in await recall(server, user, SECRET)
+    assert SECRET.encode() not in index_bytes(server, user)
+    assert KEPT in await recall(server, user, KEPT)
+
+
+# --- erase and receipts -----------------------------------------------------------------------
+
+
+async def test_erase_leaves_only_the_erasure_tombstone_and_answers_a_receipt(
+    server: Server, user: str
+) -> None:
+    seed(server, user)
+
+    status, receipt = server.post({"user": user}, route="/erase")
+
+    assert status == 200 and receipt["operation"] == "erase"
+    assert receipt["removed"]["conversations"] == 2 and receipt["removed"]["turns"] == 4
+    home = server.home(user)
+    assert sorted(p.name for p in home.iterdir()) == ["tombstones.json"]
+    assert set(json.loads((home / "tombstones.json").read_text())) == {"erased", "conversations"}
+    assert await recall(server, user, SECRET) == NO_MEMORY
+
+
+async def test_after_an_erase_only_turns_stamped_later_are_stored(
+    server: Server, user: str
+) -> None:
+    seed(server, user)
+    assert server.post({"user": user}, route="/erase")[0] == 200
+
+    old = conversation(user, "kept", f"The garden plan is {KEPT}.", "Noted the plan.", day=9)
+    assert server.post(old)[0] == 410
+    old["turns"].append(turn("user", "New start: quillfern project.", later()))
+    assert server.post(old)[0] == 202
+
+    server.wait_indexed(user)
+    assert "quillfern" in await recall(server, user, "quillfern project")
+    assert KEPT not in await recall(server, user, KEPT)
+
+
+def test_receipts_list_every_forget_and_erase_without_text(server: Server, user: str) -> None:
+    seed(server, user)
+    forgot = forget(server, user, "secret")[1]
+    erased = server.post({"user": user}, route="/erase")[1]
+
+    listed = receipts(server, user)
+
+    assert [r["receipt"] for r in listed] == [forgot["receipt"], erased["receipt"]]
+    assert all(r["user"] == server.home(user).name for r in listed)
+    assert SECRET not in json.dumps(listed) and KEPT not in json.dumps(listed)
+    assert user not in json.dumps(listed)  # the hash, never the id
+    assert (server.data_dir / "_receipts" / f"{server.home(user).name}.jsonl").exists()
+
+
+# --- retention --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_retention_forgets_conversations_whose_last_turn_is_older(
+    tmp_path: Path, engine: str
+) -> None:
+    settings = {"ENGINE": engine, "RETENTION_DAYS": "30", "RETENTION_SWEEP_SECONDS": "0.3"}
+    if engine == "funes":
+        settings["FUNES_BIN"] = str(install_fake_funes(tmp_path / "funes-bin").path)
+    with make_server(tmp_path, **settings).start() as server:
+        old = conversation("alice", "old", f"Long ago {SECRET}.", "Ok.")
+        recent = {
+            "user": "alice",
+            "conversation_id": "recent",
+            "turns": [turn("user", f"Today {KEPT}.", later(0))],
+        }
+        for body in (old, recent):
+            assert server.post(body)[0] == 202
+
+        wait_for(lambda: not source(server, "alice", "old").exists(), timeout=60)
+        server.wait_indexed("alice")
+        wait_for(lambda: server.health()["indexing"] == 0, timeout=60)
+
+        assert source(server, "alice", "recent").exists()
+        listed = receipts(server, "alice")
+        assert [(r["conversation_id"], r["reason"]) for r in listed] == [("old", "retention")]
+        assert SECRET not in await server.recall("alice", SECRET)
+        assert KEPT in await server.recall("alice", KEPT)
+        assert server.post(old)[0] == 410  # the same tombstone rule
+
+
+# --- funes: hits of a conversation being forgotten are dropped until the swap ----------------
+
+
+def test_funes_output_drops_the_hits_of_forgotten_sessions() -> None:
+    out = (
+        "[2026-10-08T09:00:00Z] gateway /work/secret-c text  score=0.500\n"
+        "  → get secret-conv t1 --memory /m\n"
+        f"{SECRET}\n"
+        "---\n"
+        "[2026-10-09T09:00:00Z] gateway /work/secret-c text  score=0.400\n"
+        "  → get secret-conversation t1 --memory /m\n"
+        f"{KEPT}\n"
+        "---\n"
+    )
+    kept = drop_sessions(out, {"secret-conv"})
+    assert SECRET not in kept and KEPT in kept and kept.endswith("---\n")
+    assert drop_sessions("no results\n", {"secret-conv"}) == "no results\n"
+
+
+def test_a_funes_forget_goes_through_when_funes_rejects_another_file(
+    server: Server, user: str
+) -> None:
+    if server.env["ENGINE"] != "funes":
+        pytest.skip("funes rebuilds its memory; the embedded engine deletes rows")
+    seed(server, user)
+    # A file funes rejects (not written by us: copied in by hand) must not block every forget.
+    (server.home(user) / "src" / "foreign.funes.jsonl").write_text('{"not": "a turn"}\n')
+
+    status, receipt = forget(server, user, "secret")
+
+    assert status == 200 and receipt["removed"]["turns"] == 2
+    assert SECRET.encode() not in index_bytes(server, user)
+
+
+def test_a_funes_forget_rebuilds_in_a_fresh_home_and_swaps_it_in(server: Server, user: str) -> None:
+    if server.env["ENGINE"] != "funes":
+        pytest.skip("funes rebuilds its memory; the embedded engine deletes rows")
+    seed(server, user)
+    home = server.home(user)
+    before = len(server.fake_funes.calls("index"))  # type: ignore[attr-defined]
+
+    assert forget(server, user, "secret")[0] == 200
+
+    rebuilds = [
+        c["env"]["FUNES_HOME"]
+        for c in server.fake_funes.calls("index")[before:]  # type: ignore[attr-defined]
+        if c["env"]["FUNES_HOME"] != str(home)
+    ]
+    assert len(rebuilds) == 1 and Path(rebuilds[0]).parent == home
+    assert not Path(rebuilds[0]).exists()  # the old memory went with it after the swap
+    assert (home / "memory" / "chunks.json").exists()
+
+
+def test_a_recall_that_overlapped_a_forget_hides_it_and_a_later_one_does_not() -> None:
+    windows = ForgetWindows()
+    home = Path("/data/user")
+    before = time.monotonic()
+    window = windows.open(home, "secret")
+    assert windows.hidden(home, before) == {"secret"}  # the forget is going on
+    windows.close(window)
+    assert windows.hidden(home, before) == {"secret"}  # began before the forget ended
+    assert windows.hidden(Path("/data/other"), before) == set()
+    assert windows.hidden(home, time.monotonic()) == set()  # began after: reads a clean index
