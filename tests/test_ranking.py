@@ -141,3 +141,25 @@ async def test_a_month_named_in_the_query_lifts_that_months_turn_but_filters_not
         assert first(((None, 10),)) == "review-march"
     finally:
         con.close()
+
+
+async def test_a_turn_next_to_a_better_hit_gives_its_place_to_another_passage(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given a conversation whose first two turns rank first and second, and another below them
+    home = tmp_path / "user"
+    post(home, "a", "2026-03-10T09:00:00Z", [("user", "one"), ("assistant", "two")])
+    post(home, "b", "2026-03-11T09:00:00Z", [("user", "three")])
+    await EmbeddedEngine(embedder).index(home)
+    con = connect(db_path(home), create=False)
+    try:
+        ids = {text: rowid for rowid, text in con.execute("SELECT id, text FROM chunks")}
+        fused = {ids["one"]: 0.03, ids["two"]: 0.02, ids["three"]: 0.01}
+
+        # When the top two are taken
+        hits = top_hits(con, fused, k=2, newest=0.0, half_life_days=0.0)
+    finally:
+        con.close()
+
+    # Then the second place goes to the other conversation: "two" shows as "one"'s neighbour
+    assert [hit.text for hit in hits] == ["one", "three"]

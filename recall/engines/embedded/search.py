@@ -3,7 +3,8 @@
     query -> lexical leg (BM25, re-ordered by rarity-weighted coverage)
           + dense leg (cosine over the matrix)
           -> nothing relevant? (no known identifier, or weak on both legs) -> no hits
-          -> weighted reciprocal rank fusion -> optional recency -> top k hits
+          -> weighted reciprocal rank fusion -> optional recency, month named
+          -> top k hits, never two adjacent turns (the second is the first's neighbour)
 
 The knobs below were measured on the benchmark; their figures are recorded once, in
 benchmark/README.md, "What moved the numbers". Change one only with a run of that benchmark.
@@ -175,4 +176,12 @@ def top_hits(
         if any(m == month and y in (None, year) for y, m in months):
             hit.score *= 1 + MONTH_BOOST
     hits.sort(key=lambda h: (-h.score, h.id))
-    return hits[:k]
+    # A turn right next to a better hit is already shown as that hit's neighbour: skip it, so
+    # the k passages cover k places in the history.
+    chosen: list[Hit] = []
+    for hit in hits:
+        if not any(c.conv == hit.conv and abs(c.seq - hit.seq) == 1 for c in chosen):
+            chosen.append(hit)
+            if len(chosen) == k:
+                break
+    return chosen
