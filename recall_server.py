@@ -191,6 +191,8 @@ def create_app(settings: Settings) -> Starlette:
             message = str(exc) if isinstance(exc, InvalidConversation) else "body: not valid JSON"
             return error(400, message)
         user_home = home(conversation.user)
+        if conversation.redactions:  # kinds and counts only, never a value
+            log.info("user %s: redacted %s", user_home.name, conversation.redaction_summary())
         # Durable before 202. A stale re-post (an older snapshot of what is stored) writes nothing.
         if not await run_in(writes, write_conversation, user_home, conversation):
             log.info("user %s: post already stored, nothing written", user_home.name)

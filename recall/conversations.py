@@ -18,11 +18,14 @@ import json
 import os
 import re
 import uuid
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from recall.redaction import Redactor
 
 HARNESS = "gateway"  # funes wants [a-z0-9_-]; names the producer of these transcripts
 SOURCE_SUFFIX = ".funes.jsonl"
@@ -48,6 +51,8 @@ class Limits:
     max_turns: int = 5_000
     max_text_chars: int = 200_000
     max_user_chars: int = 256
+    # Credentials in turn text become [REDACTED:<kind>] before anything is written.
+    redactor: Redactor = field(default_factory=Redactor)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,12 @@ class Conversation:
     user: str
     conversation_id: str
     lines: list[dict[str, Any]]  # funes format 1 turns, ready to serialise
+    # How many of each kind of credential were redacted (kinds and counts only: for the log).
+    redactions: Counter[str] = field(default_factory=Counter)
+
+    def redaction_summary(self) -> str:
+        """``jwt=2, aws_access_key=1``: safe to log, it names no value."""
+        return ", ".join(f"{kind}={n}" for kind, n in sorted(self.redactions.items()))
 
     def to_jsonl(self) -> str:
         return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in self.lines)
@@ -122,6 +133,7 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
 
     lines: list[dict[str, Any]] = []
     seen: set[str] = set()
+    redactions: Counter[str] = Counter()
     for seq, turn in enumerate(turns):
         where = f"turns[{seq}]"
         if not isinstance(turn, dict):
@@ -136,6 +148,8 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
             allow_empty=True,
             repair=True,
         )
+        text, found = limits.redactor.redact(text)  # before any byte of it reaches disk
+        redactions.update(found)
         ts = _utc_timestamp(turn.get("ts"), f"{where}.ts")
         raw_id = turn.get("id")
         if raw_id is None:
@@ -157,7 +171,7 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
                 "blocks": [{"block_type": "text", "text": text}],
             }
         )
-    return Conversation(user=user, conversation_id=cid, lines=lines)
+    return Conversation(user=user, conversation_id=cid, lines=lines, redactions=redactions)
 
 
 def write_conversation(home: Path, conversation: Conversation) -> bool:
