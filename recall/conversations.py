@@ -30,6 +30,13 @@ from recall.redaction import Redactor
 HARNESS = "gateway"  # funes wants [a-z0-9_-]; names the producer of these transcripts
 SOURCE_SUFFIX = ".funes.jsonl"
 ROLES = frozenset({"user", "assistant", "system", "tool"})
+# A turn the gateway marks "recalled": true (the agent used our tool while producing it) is kept,
+# so the conversation stays whole, but no engine returns it as a passage: a wrong answer built
+# from memory must not become a memory. funes format 1 allows no field of our own, so the mark
+# is the block's type: our gateway's turns are "text" blocks, a recalled one a "tool_result"
+# block naming our tool (docs/CONTRACTS.md).
+RECALLED_BLOCK_TYPE = "tool_result"
+RECALLED_TOOL_NAME = "recall_my_conversations"
 
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 SAFE_TURN_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # funes refuses ':'; we also keep ids path-safe
@@ -151,6 +158,9 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
         text, found = limits.redactor.redact(text)  # before any byte of it reaches disk
         redactions.update(found)
         ts = _utc_timestamp(turn.get("ts"), f"{where}.ts")
+        recalled = turn.get("recalled", False)
+        if not isinstance(recalled, bool):
+            raise InvalidConversation(f"{where}.recalled: must be true or false")
         raw_id = turn.get("id")
         if raw_id is None:
             turn_id = f"{cid}-{seq}"
@@ -168,10 +178,24 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
                 "ts": ts,
                 "role": role,
                 "harness": HARNESS,
-                "blocks": [{"block_type": "text", "text": text}],
+                "blocks": [
+                    recalled_block(text) if recalled else {"block_type": "text", "text": text}
+                ],
             }
         )
     return Conversation(user=user, conversation_id=cid, lines=lines, redactions=redactions)
+
+
+def recalled_block(text: str) -> dict[str, str]:
+    return {"block_type": RECALLED_BLOCK_TYPE, "tool_name": RECALLED_TOOL_NAME, "text": text}
+
+
+def is_recalled(turn: dict[str, Any]) -> bool:
+    """Whether a stored turn is an answer the agent built with recall (never a passage)."""
+    blocks = turn.get("blocks")
+    return isinstance(blocks, list) and any(
+        isinstance(b, dict) and b.get("block_type") == RECALLED_BLOCK_TYPE for b in blocks
+    )
 
 
 def write_conversation(home: Path, conversation: Conversation) -> bool:

@@ -15,6 +15,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from recall.conversations import RECALLED_BLOCK_TYPE
 from recall.engines.base import EngineError
 
 log = logging.getLogger("recall.funes")
@@ -22,6 +23,12 @@ log = logging.getLogger("recall.funes")
 # funes prints "  → get <session> <turn> --memory <path>" after each hit for agents that can
 # call `get`. Ours cannot; the lines would only leak server paths and session ids.
 HINT_LINE = re.compile(r"^[ \t]*→ get .*(?:\n|$)", re.MULTILINE)
+# A hit's header: "[<ts>] <harness> <workdir>/<session8> <block_type>  score=<s>".
+HIT_HEADER = re.compile(r"^\[[^\]\n]*\] \S+ \S+ (?P<block_type>\S+)[ \t]+score=")
+# A neighbour line "  ~ [<role> <block_type> seq<N>] ..." of a turn answered from recall.
+RECALLED_NEIGHBOUR = re.compile(
+    rf"^(?P<lead>[ \t]*~ \[\S+ ){re.escape(RECALLED_BLOCK_TYPE)}(?= seq\d+\])", re.MULTILINE
+)
 LOCKED = "another funes memory operation is in progress"
 KILL_GRACE = 1.0
 READ_CHUNK = 64 * 1024
@@ -192,7 +199,30 @@ class FunesEngine:
         if result.code != 0:
             raise EngineError(f"funes recall exited {result.code}: {failure_kind(result.stderr)}")
         text = HINT_LINE.sub("", result.stdout).strip()
-        return "" if text == "no results" else text
+        return "" if text == "no results" else drop_recalled_hits(text)
+
+
+def drop_recalled_hits(text: str) -> str:
+    """funes' hits less those of turns answered from recall (their block type is the mark, see
+    recall/conversations.py); such a turn shown as a neighbour is labelled ``recalled``.
+
+    funes itself knows nothing of the mark: it ranks those turns like any other, so a recall
+    may come back with fewer than k hits, or none ("" then).
+    """
+    kept: list[str] = []
+    block: list[str] = []
+    for line in text.splitlines(keepends=True):
+        block.append(line)
+        if line.rstrip("\n") == "---":
+            kept += _unless_recalled(block)
+            block = []
+    kept += _unless_recalled(block)  # a last block cut short (output cap) without its ---
+    return RECALLED_NEIGHBOUR.sub(r"\g<lead>recalled", "".join(kept)).strip()
+
+
+def _unless_recalled(block: list[str]) -> list[str]:
+    header = HIT_HEADER.match(block[0]) if block else None
+    return [] if header and header["block_type"] == RECALLED_BLOCK_TYPE else block
 
 
 def failure_kind(stderr: str) -> str:
