@@ -37,10 +37,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from recall import audit
 from recall.auth import build_verifier, user_from_token
 from recall.concurrency import BoundedRuns, run_in
 from recall.conversations import (
     InvalidConversation,
+    parse_audit_request,
     parse_conversation,
     source_files,
     user_dir_name,
@@ -199,6 +201,27 @@ def create_app(settings: Settings) -> Starlette:
         scheduler.schedule(user_home)
         return JSONResponse({"stored": conversation.conversation_id}, status_code=202)
 
+    @mcp.custom_route("/audit", methods=["POST"])
+    async def audit_log(request: Request) -> JSONResponse:
+        """A user's recall audit, for the gateway or an admin: {"user", "since"?} in the body
+        (never in the URL, where access logs would keep it)."""
+        provided = request.headers.get("x-ingest-key", "").encode("latin-1")
+        if not hmac.compare_digest(provided, ingest_key):
+            return error(401, "x-ingest-key: missing or wrong")
+        try:
+            raw = await read_limited(request, settings.max_body_bytes, settings.body_timeout)
+        except BodyTooLarge:
+            return error(413, f"body: larger than {settings.max_body_bytes} bytes")
+        except TimeoutError:
+            return error(408, f"body: not received within {settings.body_timeout:g} s")
+        try:
+            user, since = parse_audit_request(json.loads(raw), limits)
+        except (ValueError, RecursionError) as exc:
+            message = str(exc) if isinstance(exc, InvalidConversation) else "body: not valid JSON"
+            return error(400, message)
+        entries = await run_in(writes, audit.read, home(user), since)
+        return JSONResponse({"entries": entries})
+
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(_: Request) -> JSONResponse:
         # "indexing": users whose index run is due or going on (0: every write went through a
@@ -220,11 +243,23 @@ def create_app(settings: Settings) -> Starlette:
     async def recall_my_conversations(
         query: Annotated[str, Field(description=QUERY_DESCRIPTION)],
     ) -> str:
-        user = user_from_token(get_access_token(), settings.jwt_user_claim)
+        token = get_access_token()
+        user = user_from_token(token, settings.jwt_user_claim)
         if user is None:
             log.warning("recall refused: token has no %s claim", settings.jwt_user_claim)
             return UNAVAILABLE
         user_home = home(user)  # from the verified token, never from the query
+        query = query.strip()[:MAX_QUERY_CHARS]
+        answer = await search(user_home, query)
+        if user_home.is_dir():  # the user's own audit: who looked up what, which passages
+            line = audit.entry(token.client_id if token else None, query, answer)
+            try:
+                await run_in(writes, audit.append, user_home, line)
+            except OSError as exc:  # fail soft: the answer still goes out
+                log.warning("audit for user %s not written: %s", user_home.name, exc.strerror)
+        return answer
+
+    async def search(user_home: Path, query: str) -> str:
         if not engine.has_memory(user_home):
             if not source_files(user_home):
                 return NO_MEMORY
@@ -232,7 +267,6 @@ def create_app(settings: Settings) -> Starlette:
             log.warning("recall for user %s: no readable index; rebuilding", user_home.name)
             scheduler.ensure(user_home)
             return UNAVAILABLE
-        query = query.strip()[:MAX_QUERY_CHARS]
         if not query:
             return NOTHING_FOUND
         started = time.monotonic()

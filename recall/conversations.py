@@ -186,6 +186,15 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
     return Conversation(user=user, conversation_id=cid, lines=lines, redactions=redactions)
 
 
+def parse_audit_request(body: Any, limits: Limits = Limits()) -> tuple[str, str | None]:
+    """``POST /audit``'s body: the user, and ``since`` as a UTC ...Z time when given."""
+    if not isinstance(body, dict):
+        raise InvalidConversation("body: must be a JSON object")
+    user = _text(body.get("user"), "user", max_chars=limits.max_user_chars)
+    since = body.get("since")
+    return user, None if since is None else _utc_timestamp(since, "since")
+
+
 def recalled_block(text: str) -> dict[str, str]:
     return {"block_type": RECALLED_BLOCK_TYPE, "tool_name": RECALLED_TOOL_NAME, "text": text}
 
