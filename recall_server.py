@@ -7,12 +7,14 @@ Two paths, two credentials:
   conversation atomically under DATA_DIR/<hash of user>/src, and schedule a debounced index run.
 - Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp. The user
   comes from the verified bearer token, never from the query. Bounded concurrency, a timeout,
-  a character cap, and it fails soft: a memory problem never breaks the conversation.
+  a character cap, and it fails soft: a memory problem never breaks the conversation. Each call
+  is recorded in the user's own audit (recall/audit.py), which POST /audit returns.
 
 Where code goes: request handling and wiring here; the write path's domain in
-recall/conversations.py; index scheduling in recall/scheduler.py; search engines behind the seam
-in recall/engines/ (funes as a subprocess, or the embedded in-process engine); identity in
-recall/auth.py; settings in recall/settings.py.
+recall/conversations.py (credentials redacted before disk by recall/redaction.py); index
+scheduling in recall/scheduler.py; search engines behind the seam in recall/engines/ (funes as a
+subprocess, or the embedded in-process engine); identity in recall/auth.py; settings in
+recall/settings.py.
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ TOOL_ANNOTATIONS = ToolAnnotations(
 )
 
 USAGE = """\
-usage: recall-server                 serve the MCP endpoint /mcp, POST /turns and GET /healthz
+usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, POST /audit and
+                                     GET /healthz
        recall-server backfill FILE   import a history in bulk while the server is stopped
                                      (recall-server backfill --help)
        recall-server --help          this text
