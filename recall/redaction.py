@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KIND = re.compile(r"[a-z0-9_]{1,40}")
+MARKER = re.compile(r"\[REDACTED:[a-z0-9_]{1,40}\]")
 
 # A token character for key-shaped strings, and the lookbehind that makes a match start at a
 # token's first character (so "xAKIA..." inside a longer run is not a key, and a long run is
@@ -120,6 +121,8 @@ def _replacer(kind: str, counts: Counter[str]) -> Callable[[re.Match[str]], str]
     marker = f"[REDACTED:{kind}]"
 
     def replace(match: re.Match[str]) -> str:
+        if "secret" in match.re.groupindex and MARKER.fullmatch(match.group("secret") or ""):
+            return match.group(0)  # already redacted (a re-post): the same text, not counted
         counts[kind] += 1
         if "secret" in match.re.groupindex and match.group("secret") is not None:
             start, end = match.span("secret")

@@ -130,6 +130,18 @@ def test_only_the_password_of_a_url_is_redacted() -> None:
     assert redacted == "postgres://app:[REDACTED:url_password]@db.internal:5432/orders"
 
 
+@pytest.mark.parametrize(
+    "case", secret_cases(), ids=lambda case: case[0] if isinstance(case, tuple) else None
+)
+def test_redacting_redacted_text_changes_and_counts_nothing(case: tuple[str, str, str]) -> None:
+    # Given a turn redacted once (the gateway re-posts the whole conversation after every turn)
+    once, _ = Redactor().redact(case[1])
+    # When it is redacted again
+    twice, counts = Redactor().redact(once)
+    # Then it is the same text, and nothing is counted (nor logged) a second time
+    assert (twice, dict(counts)) == (once, {})
+
+
 # Inputs that make a backtracking pattern re-scan a long run from every position.
 ADVERSARIAL: dict[str, Callable[[int], str]] = {
     "eyJ runs": lambda n: ("eyJabcdefgh." * n)[:n],
