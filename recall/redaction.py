@@ -80,12 +80,35 @@ BUILTIN: tuple[tuple[str, str], ...] = (
         r"(?i:authorization)[\"']?[ \t]{0,4}[:=][ \t]{0,4}[\"']?(?i:basic)[ \t]{1,4}"
         r"(?P<secret>[A-Za-z0-9+/]{8,}+={0,2})",
     ),
-    # scheme://user:password@host: the password only (the user and host stay readable).
+    # scheme://user:password@host: the password only (the user and host stay readable). Starts
+    # at "://", a literal the regex engine finds fast.
     (
         "url_password",
-        r"\b[A-Za-z][A-Za-z0-9+.-]{0,20}://[^\s/?#@:]{0,256}+:(?P<secret>[^\s/?#@]{1,256}+)@",
+        r"://[^\s/?#@:]{0,256}+:(?P<secret>[^\s/?#@]{1,256}+)@",
     ),
 )
+
+
+# A cheap first look: a built-in pattern runs only on text holding one of its words (compared
+# lowercased), so ordinary text costs a few substring scans, not fourteen regex passes.
+TRIGGERS: dict[str, tuple[str, ...]] = {
+    "private_key": ("private key",),
+    "jwt": ("eyj",),
+    "aws_access_key": ("akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa"),
+    "aws_secret_key": ("secret",),
+    "google_api_key": ("aiza",),
+    "azure_key": ("accountkey=", "sharedaccesskey="),
+    "azure_client_secret": ("q~",),
+    "github_token": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    "slack_token": ("xox",),
+    "stripe_key": ("_live_", "_test_"),
+    "openai_key": ("sk-",),
+    "bearer_token": ("bearer",),
+    "basic_auth": ("authorization",),
+    "url_password": ("://",),
+}
+
+Pattern = tuple[str, re.Pattern[str], tuple[str, ...]]  # kind, regex, triggers (none: always)
 
 
 class BadPatterns(ValueError):
@@ -96,13 +119,19 @@ class BadPatterns(ValueError):
 class Redactor:
     """Applies its patterns in order; `redact` returns the text and the count per kind."""
 
-    patterns: tuple[tuple[str, re.Pattern[str]], ...] = field(
-        default_factory=lambda: tuple((kind, re.compile(rx)) for kind, rx in BUILTIN)
+    patterns: tuple[Pattern, ...] = field(
+        default_factory=lambda: tuple(
+            (kind, re.compile(rx), TRIGGERS[kind]) for kind, rx in BUILTIN
+        )
     )
 
     def redact(self, text: str) -> tuple[str, Counter[str]]:
         counts: Counter[str] = Counter()
-        for kind, pattern in self.patterns:
+        # Once: a substitution only removes words (a marker's words match no pattern).
+        lowered = text.lower()
+        for kind, pattern, triggers in self.patterns:
+            if triggers and not any(word in lowered for word in triggers):
+                continue
             if not pattern.search(text):
                 continue
             text = pattern.sub(_replacer(kind, counts), text)
@@ -134,7 +163,7 @@ def _replacer(kind: str, counts: Counter[str]) -> Callable[[re.Match[str]], str]
     return replace
 
 
-def load_patterns(path: Path) -> tuple[tuple[str, re.Pattern[str]], ...]:
+def load_patterns(path: Path) -> tuple[Pattern, ...]:
     """``kind<TAB>regex`` lines; BadPatterns names the first line that cannot be used."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -156,5 +185,5 @@ def load_patterns(path: Path) -> tuple[tuple[str, re.Pattern[str]], ...]:
             raise BadPatterns(f"{where}: regex does not compile ({exc})") from exc
         if compiled.fullmatch(""):
             raise BadPatterns(f"{where}: regex matches the empty string")
-        patterns.append((kind, compiled))
+        patterns.append((kind, compiled, ()))
     return tuple(patterns)
