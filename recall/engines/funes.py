@@ -222,7 +222,8 @@ def drop_recalled_hits(text: str) -> str:
 
 def _unless_recalled(block: list[str]) -> list[str]:
     header = HIT_HEADER.match(block[0]) if block else None
-    return [] if header and header["block_type"] == RECALLED_BLOCK_TYPE else block
+    # startswith: a funes that decorates the type ("tool_result(name)") still matches
+    return [] if header and header["block_type"].startswith(RECALLED_BLOCK_TYPE) else block
 
 
 def failure_kind(stderr: str) -> str:
