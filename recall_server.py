@@ -7,16 +7,18 @@ Two paths, two credentials:
   conversation atomically under DATA_DIR/<hash of user>/src, and schedule a debounced index run.
 - Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp. The user
   comes from the verified bearer token, never from the query. Bounded concurrency, a timeout,
-  a character cap, and it fails soft: a memory problem never breaks the conversation.
+  a character cap, and it fails soft: a memory problem never breaks the conversation. Each call
+  is recorded in the user's own audit (recall/audit.py), which POST /audit returns.
 
 - Lifecycle. POST /forget, /erase and /receipts (same key, the user in the body) forget a
   conversation, erase a user and list the receipts; tombstones keep forgotten turns out of later
   posts; RETENTION_DAYS sweeps old conversations.
 
 Where code goes: request handling and wiring here; the write path's domain in
-recall/conversations.py; forget, erase, tombstones, receipts and retention in recall/lifecycle.py;
-index scheduling in recall/scheduler.py; search engines behind the seam
-in recall/engines/ (funes as a subprocess, or the embedded in-process engine); identity in
+recall/conversations.py (credentials redacted before disk by recall/redaction.py); forget,
+erase, tombstones, receipts and retention in recall/lifecycle.py; the recall audit in
+recall/audit.py; index scheduling in recall/scheduler.py; search engines behind the seam in
+recall/engines/ (funes as a subprocess, or the embedded in-process engine); identity in
 recall/auth.py; settings in recall/settings.py.
 """
 
@@ -42,10 +44,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from recall import audit
 from recall.auth import build_verifier, user_from_token
 from recall.concurrency import BoundedRuns, run_in
 from recall.conversations import (
     InvalidConversation,
+    parse_audit_request,
     parse_conversation,
     source_files,
     user_dir_name,
@@ -101,7 +105,7 @@ TOOL_ANNOTATIONS = ToolAnnotations(
 
 USAGE = """\
 usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, GET /healthz and
-                                     POST /forget, /erase, /receipts
+                                     POST /forget, /erase, /receipts, /audit
        recall-server backfill FILE   import a history in bulk while the server is stopped
                                      (recall-server backfill --help)
        recall-server --help          this text
@@ -225,6 +229,8 @@ def create_app(settings: Settings) -> Starlette:
         except (ValueError, RecursionError) as exc:  # InvalidConversation is a ValueError
             return bad_body(exc)
         user_home = home(conversation.user)
+        if conversation.redactions:  # kinds and counts only, never a value
+            log.info("user %s: redacted %s", user_home.name, conversation.redaction_summary())
         # Durable before 202. A stale re-post (an older snapshot of what is stored) writes nothing.
         # Tombstones: only turns stamped after a forget (or an erasure) are stored again.
         try:
@@ -280,6 +286,19 @@ def create_app(settings: Settings) -> Starlette:
         found = await run_in(writes, list_receipts, data_dir, user_hash)
         return JSONResponse({"user": user_hash, "receipts": found})
 
+    @mcp.custom_route("/audit", methods=["POST"])
+    async def audit_log(request: Request) -> JSONResponse:
+        """A user's recall audit, for the gateway or an admin: {"user", "since"?} in the body
+        (never in the URL, where access logs would keep it)."""
+        if isinstance(raw := await keyed_body(request), JSONResponse):
+            return raw
+        try:
+            user, since = parse_audit_request(json.loads(raw), limits)
+        except (ValueError, RecursionError) as exc:
+            return bad_body(exc)
+        entries = await run_in(writes, audit.read, home(user), since)
+        return JSONResponse({"entries": entries})
+
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(_: Request) -> JSONResponse:
         # "indexing": users whose index run is due or going on (0: every write went through a
@@ -301,11 +320,23 @@ def create_app(settings: Settings) -> Starlette:
     async def recall_my_conversations(
         query: Annotated[str, Field(description=QUERY_DESCRIPTION)],
     ) -> str:
-        user = user_from_token(get_access_token(), settings.jwt_user_claim)
+        token = get_access_token()
+        user = user_from_token(token, settings.jwt_user_claim)
         if user is None:
             log.warning("recall refused: token has no %s claim", settings.jwt_user_claim)
             return UNAVAILABLE
         user_home = home(user)  # from the verified token, never from the query
+        query = query.strip()[:MAX_QUERY_CHARS]
+        answer = await search(user_home, query)
+        if user_home.is_dir():  # the user's own audit: who looked up what, which passages
+            line = audit.entry(token.client_id if token else None, query, answer)
+            try:
+                await run_in(writes, audit.append, user_home, line)
+            except OSError as exc:  # fail soft: the answer still goes out
+                log.warning("audit for user %s not written: %s", user_home.name, exc.strerror)
+        return answer
+
+    async def search(user_home: Path, query: str) -> str:
         if not engine.has_memory(user_home):
             if not source_files(user_home):
                 return NO_MEMORY
@@ -313,7 +344,6 @@ def create_app(settings: Settings) -> Starlette:
             log.warning("recall for user %s: no readable index; rebuilding", user_home.name)
             scheduler.ensure(user_home)
             return UNAVAILABLE
-        query = query.strip()[:MAX_QUERY_CHARS]
         if not query:
             return NOTHING_FOUND
         started = time.monotonic()

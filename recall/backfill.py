@@ -33,6 +33,8 @@ from recall.engines.base import Engine, EngineError
 from recall.scheduler import index_and_mark
 from recall.settings import ConfigError, Settings, load_settings
 
+log = logging.getLogger("recall")
+
 BATCH = 500  # conversations written between index runs: progress granularity vs. run overhead
 
 
@@ -83,11 +85,16 @@ def load(source: Path, limits: Limits) -> tuple[list[Conversation], list[str]]:
     conversations, refused = [], []
     for where, raw in read_bodies(source):
         try:
-            conversations.append(parse_conversation(json.loads(raw), limits))
+            conversation = parse_conversation(json.loads(raw), limits)
         except InvalidConversation as exc:
             refused.append(f"{where}: {exc}")
+            continue
         except ValueError:
             refused.append(f"{where}: body: not valid JSON")
+            continue
+        if conversation.redactions:  # kinds and counts only, never a value; shown at WARNING
+            log.warning("%s: redacted %s", where, conversation.redaction_summary())
+        conversations.append(conversation)
     return conversations, refused
 
 
@@ -131,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"recall-server backfill: {exc}", file=sys.stderr)
         return 2
-    limits = settings.limits()
+    try:
+        limits = settings.limits()
+    except ConfigError as exc:
+        print(f"recall-server backfill: {exc}", file=sys.stderr)
+        return 2
     try:
         conversations, refused = load(args.source, limits)
     except (OSError, UnicodeDecodeError) as exc:

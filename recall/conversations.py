@@ -18,15 +18,25 @@ import json
 import os
 import re
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from recall.redaction import Redactor
+
 HARNESS = "gateway"  # funes wants [a-z0-9_-]; names the producer of these transcripts
 SOURCE_SUFFIX = ".funes.jsonl"
 ROLES = frozenset({"user", "assistant", "system", "tool"})
+# A turn the gateway marks "recalled": true (the agent used our tool while producing it) is kept,
+# so the conversation stays whole, but no engine returns it as a passage: a wrong answer built
+# from memory must not become a memory. funes format 1 allows no field of our own, so the mark
+# is the block's type: our gateway's turns are "text" blocks, a recalled one a "tool_result"
+# block naming our tool (docs/CONTRACTS.md).
+RECALLED_BLOCK_TYPE = "tool_result"
+RECALLED_TOOL_NAME = "recall_my_conversations"
 
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 SAFE_TURN_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # funes refuses ':'; we also keep ids path-safe
@@ -48,6 +58,8 @@ class Limits:
     max_turns: int = 5_000
     max_text_chars: int = 200_000
     max_user_chars: int = 256
+    # Credentials in turn text become [REDACTED:<kind>] before anything is written.
+    redactor: Redactor = field(default_factory=Redactor)
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,12 @@ class Conversation:
     user: str
     conversation_id: str
     lines: list[dict[str, Any]]  # funes format 1 turns, ready to serialise
+    # How many of each kind of credential were redacted (kinds and counts only: for the log).
+    redactions: Counter[str] = field(default_factory=Counter)
+
+    def redaction_summary(self) -> str:
+        """``jwt=2, aws_access_key=1``: safe to log, it names no value."""
+        return ", ".join(f"{kind}={n}" for kind, n in sorted(self.redactions.items()))
 
     def to_jsonl(self) -> str:
         return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in self.lines)
@@ -122,6 +140,7 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
 
     lines: list[dict[str, Any]] = []
     seen: set[str] = set()
+    redactions: Counter[str] = Counter()
     for seq, turn in enumerate(turns):
         where = f"turns[{seq}]"
         if not isinstance(turn, dict):
@@ -136,7 +155,12 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
             allow_empty=True,
             repair=True,
         )
+        text, found = limits.redactor.redact(text)  # before any byte of it reaches disk
+        redactions.update(found)
         ts = _utc_timestamp(turn.get("ts"), f"{where}.ts")
+        recalled = turn.get("recalled", False)
+        if not isinstance(recalled, bool):
+            raise InvalidConversation(f"{where}.recalled: must be true or false")
         raw_id = turn.get("id")
         if raw_id is None:
             turn_id = f"{cid}-{seq}"
@@ -154,10 +178,33 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
                 "ts": ts,
                 "role": role,
                 "harness": HARNESS,
-                "blocks": [{"block_type": "text", "text": text}],
+                "blocks": [
+                    recalled_block(text) if recalled else {"block_type": "text", "text": text}
+                ],
             }
         )
-    return Conversation(user=user, conversation_id=cid, lines=lines)
+    return Conversation(user=user, conversation_id=cid, lines=lines, redactions=redactions)
+
+
+def parse_audit_request(body: Any, limits: Limits = Limits()) -> tuple[str, str | None]:
+    """``POST /audit``'s body: the user, and ``since`` as a UTC ...Z time when given."""
+    if not isinstance(body, dict):
+        raise InvalidConversation("body: must be a JSON object")
+    user = _text(body.get("user"), "user", max_chars=limits.max_user_chars)
+    since = body.get("since")
+    return user, None if since is None else _utc_timestamp(since, "since")
+
+
+def recalled_block(text: str) -> dict[str, str]:
+    return {"block_type": RECALLED_BLOCK_TYPE, "tool_name": RECALLED_TOOL_NAME, "text": text}
+
+
+def is_recalled(turn: dict[str, Any]) -> bool:
+    """Whether a stored turn is an answer the agent built with recall (never a passage)."""
+    blocks = turn.get("blocks")
+    return isinstance(blocks, list) and any(
+        isinstance(b, dict) and b.get("block_type") == RECALLED_BLOCK_TYPE for b in blocks
+    )
 
 
 def write_conversation(

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from recall.conversations import Limits
+from recall.redaction import BadPatterns, Redactor
 
 # Words that mark a key copied from a sample rather than generated (compared lowercased).
 PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "example", "placeholder")
@@ -55,6 +56,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest `/turns` body")
     max_turns: int = Field(5_000, ge=1, description="turns per conversation")
     max_text_chars: int = Field(200_000, ge=1, description="characters per turn")
+    # Unset: the built-in credential patterns cover the common providers; a deployment adds its own.
+    redact_patterns_file: Path | None = Field(
+        None,
+        description="extra redaction patterns, one `kind<TAB>regex` a line (a group named "
+        "`secret` redacts only that group); a bad file refuses to start",
+    )
 
     # Read path identity: a demo token map, or JWTs from the company's identity provider. JWT mode
     # requires an issuer and an audience: the key alone would accept any token it ever signed.
@@ -219,7 +226,12 @@ class Settings(BaseSettings):
         return value or None
 
     @field_validator(
-        "auth_tokens_file", "jwt_public_key_file", "hf_home", "embed_model_dir", mode="before"
+        "auth_tokens_file",
+        "jwt_public_key_file",
+        "hf_home",
+        "embed_model_dir",
+        "redact_patterns_file",
+        mode="before",
     )
     @classmethod
     def _blank_path_is_unset(cls, value: object) -> object:
@@ -230,8 +242,15 @@ class Settings(BaseSettings):
         return [name.strip() for name in self.jwt_algorithms.split(",") if name.strip()]
 
     def limits(self) -> Limits:
-        """What one posted conversation may hold (the route and the backfill apply the same)."""
-        return Limits(max_turns=self.max_turns, max_text_chars=self.max_text_chars)
+        """What one posted conversation may hold and what is redacted from it (the route and the
+        backfill apply the same); ConfigError when REDACT_PATTERNS_FILE cannot be used."""
+        try:
+            redactor = Redactor.with_file(self.redact_patterns_file)
+        except BadPatterns as exc:
+            raise ConfigError(str(exc)) from exc
+        return Limits(
+            max_turns=self.max_turns, max_text_chars=self.max_text_chars, redactor=redactor
+        )
 
     def problems(self) -> list[str]:
         """Reasons this configuration must not serve; empty when it may."""

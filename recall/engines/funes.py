@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from recall.conversations import RECALLED_BLOCK_TYPE
 from recall.engines.base import EngineError, ForgetWindows
 
 log = logging.getLogger("recall.funes")
@@ -27,6 +28,12 @@ log = logging.getLogger("recall.funes")
 HINT_LINE = re.compile(r"^[ \t]*→ get .*(?:\n|$)", re.MULTILINE)
 HINT_SESSION = re.compile(r"^[ \t]*→ get (\S+) ", re.MULTILINE)  # the full session id of a hit
 HIT_END = re.compile(r"^---[ \t]*$\n?", re.MULTILINE)
+# A hit's header: "[<ts>] <harness> <workdir>/<session8> <block_type>  score=<s>".
+HIT_HEADER = re.compile(r"^\[[^\]\n]*\] \S+ \S+ (?P<block_type>\S+)[ \t]+score=")
+# A neighbour line "  ~ [<role> <block_type> seq<N>] ..." of a turn answered from recall.
+RECALLED_NEIGHBOUR = re.compile(
+    rf"^(?P<lead>[ \t]*~ \[\S+ ){re.escape(RECALLED_BLOCK_TYPE)}(?= seq\d+\])", re.MULTILINE
+)
 LOCKED = "another funes memory operation is in progress"
 REJECTED = "a source file was rejected"
 KILL_GRACE = 1.0
@@ -211,7 +218,7 @@ class FunesEngine:
         if hidden := self._forgetting.hidden(home, started):
             stdout = drop_sessions(stdout, hidden)
         text = HINT_LINE.sub("", stdout).strip()
-        return "" if text in ("no results", "") else text
+        return "" if text in ("no results", "") else drop_recalled_hits(text)
 
     async def forget(self, home: Path, conversation_id: str) -> None:
         """funes is append-only: rebuild the memory from the remaining sources in a fresh
@@ -271,6 +278,30 @@ def exchange(a: Path, b: Path) -> None:
     os.rename(b, aside)
     os.rename(a, b)
     os.rename(aside, a)
+
+
+def drop_recalled_hits(text: str) -> str:
+    """funes' hits less those of turns answered from recall (their block type is the mark, see
+    recall/conversations.py); such a turn shown as a neighbour is labelled ``recalled``.
+
+    funes itself knows nothing of the mark: it ranks those turns like any other, so a recall
+    may come back with fewer than k hits, or none ("" then).
+    """
+    kept: list[str] = []
+    block: list[str] = []
+    for line in text.splitlines(keepends=True):
+        block.append(line)
+        if line.rstrip("\n") == "---":
+            kept += _unless_recalled(block)
+            block = []
+    kept += _unless_recalled(block)  # a last block cut short (output cap) without its ---
+    return RECALLED_NEIGHBOUR.sub(r"\g<lead>recalled", "".join(kept)).strip()
+
+
+def _unless_recalled(block: list[str]) -> list[str]:
+    header = HIT_HEADER.match(block[0]) if block else None
+    # startswith: a funes that decorates the type ("tool_result(name)") still matches
+    return [] if header and header["block_type"].startswith(RECALLED_BLOCK_TYPE) else block
 
 
 def failure_kind(stderr: str) -> str:

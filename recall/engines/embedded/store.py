@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from recall.conversations import SOURCE_SUFFIX, read_source, source_files
+from recall.conversations import SOURCE_SUFFIX, is_recalled, read_source, source_files
 from recall.embedder import Embedder
 from recall.engines.embedded.text import fts_query, identifier_forms
 
@@ -34,7 +34,7 @@ log = logging.getLogger("recall.embedded")
 
 DB_DIR = "embedded"
 DB_NAME = "recall.db"
-SCHEMA = "1"  # bump when the table layout or the embedded text changes: the db is then rebuilt
+SCHEMA = "2"  # bump when the table layout or the embedded text changes: the db is then rebuilt
 
 PIECE_CHARS = 1_200  # funes' split size; also about what MiniLM reads before its 256-token cut
 # What is embedded for a piece: the piece itself, then the first CONTEXT_CHARS of the turn before
@@ -58,16 +58,18 @@ CREATE TABLE IF NOT EXISTS chunks (
     ids TEXT NOT NULL,               -- normalised identifiers in it (MT-4471 -> mt4471)
     digest TEXT NOT NULL,            -- sha1 of the text that was embedded
     vec BLOB NOT NULL,               -- float32 unit vector
+    -- 1: a turn answered with recall: kept for neighbours, never in the FTS or the matrix
+    recalled INTEGER NOT NULL DEFAULT 0,
     UNIQUE (conv, chunk)             -- per file: two files claiming one session cannot collide
 );
 CREATE INDEX IF NOT EXISTS chunks_by_turn ON chunks (conv, seq);  -- neighbours
 CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5 (
     text, ids, content='chunks', content_rowid='id', tokenize='porter unicode61'
 );
-CREATE TRIGGER IF NOT EXISTS chunks_ins AFTER INSERT ON chunks BEGIN
+CREATE TRIGGER IF NOT EXISTS chunks_ins AFTER INSERT ON chunks WHEN new.recalled = 0 BEGIN
     INSERT INTO fts (rowid, text, ids) VALUES (new.id, new.text, new.ids);
 END;
-CREATE TRIGGER IF NOT EXISTS chunks_del AFTER DELETE ON chunks BEGIN
+CREATE TRIGGER IF NOT EXISTS chunks_del AFTER DELETE ON chunks WHEN old.recalled = 0 BEGIN
     INSERT INTO fts (fts, rowid, text, ids) VALUES ('delete', old.id, old.text, old.ids);
 END;
 """
@@ -134,6 +136,7 @@ class _Row:
     role: str
     text: str
     embed_text: str
+    recalled: bool = False  # an answer built with recall: a neighbour, never a hit
     vec: bytes | None = None  # reused from the db when the embedded text is unchanged
 
     @property
@@ -159,6 +162,7 @@ def _rows_of(conv: str, turns: list[dict[str, Any]]) -> list[_Row]:
         session, turn_id = str(turn["session_id"]), str(turn["turn_uuid"])
         seq, ts, role = int(turn["seq"]), str(turn["ts"]), str(turn["role"])
         _epoch(ts)  # a bad timestamp fails the file here, not the search later
+        recalled = is_recalled(turn)
         texts = []
         for block_idx, block in enumerate(turn["blocks"]):
             text = block.get("text")
@@ -180,9 +184,10 @@ def _rows_of(conv: str, turns: list[dict[str, Any]]) -> list[_Row]:
                         role=role,
                         text=piece,
                         embed_text=embed,
+                        recalled=recalled,
                     )
                 )
-        if texts:
+        if texts and not recalled:  # a recalled answer is no context for the next turn either
             previous = " ".join(" ".join(texts).split())[:CONTEXT_CHARS]
     return rows
 
@@ -291,9 +296,10 @@ def plan(
         log.warning("skipping unreadable source %s (%s)", source.name, type(exc).__name__)
         return None
     have = {
-        chunk: (rowid, seq, ts, role, text, digest, vec)
-        for rowid, chunk, seq, ts, role, text, digest, vec in con.execute(
-            "SELECT id, chunk, seq, ts, role, text, digest, vec FROM chunks WHERE conv = ?",
+        chunk: (rowid, seq, ts, role, text, bool(recalled), digest, vec)
+        for rowid, chunk, seq, ts, role, text, recalled, digest, vec in con.execute(
+            "SELECT id, chunk, seq, ts, role, text, recalled, digest, vec FROM chunks"
+            " WHERE conv = ?",
             (conv,),
         )
     }
@@ -302,7 +308,7 @@ def plan(
         old = have.pop(row.chunk, None)
         if old is not None:
             rowid, *stored, vec = old
-            if tuple(stored) == (row.seq, row.ts, row.role, row.text, row.digest):
+            if tuple(stored) == (row.seq, row.ts, row.role, row.text, row.recalled, row.digest):
                 continue  # unchanged
             digest = stored[-1]
             work.drop.append(rowid)
@@ -326,11 +332,13 @@ def flush(con: sqlite3.Connection, pending: list[_FileWork], embedder: Embedder)
             con.executemany("DELETE FROM chunks WHERE id = ?", [(i,) for i in work.drop])
             con.executemany(
                 "INSERT INTO chunks (chunk, conv, turn, seq, block, split, ts, epoch, role,"
-                " text, ids, digest, vec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " text, ids, digest, vec, recalled)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         r.chunk, r.conv, r.turn, r.seq, r.block, r.split, r.ts, _epoch(r.ts),
                         r.role, r.text, " ".join(identifier_forms(r.text)), r.digest, r.vec,
+                        int(r.recalled),
                     )
                     for r in work.write
                 ],
@@ -395,13 +403,14 @@ def generation(con: sqlite3.Connection) -> str:
 
 def load_vectors(con: sqlite3.Connection, dim: int) -> tuple[np.ndarray, np.ndarray, float]:
     """(rowids, n x dim float32 matrix with row i for rowids[i], epoch of the newest turn)."""
-    count = con.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    # Recalled answers are left out: the dense leg never finds them (the FTS never holds them).
+    count = con.execute("SELECT count(*) FROM chunks WHERE recalled = 0").fetchone()[0]
     ids = np.empty(count, dtype=np.int64)
     matrix = np.empty((count, dim), dtype=np.float32)
     newest = 0.0
     # Filled row by row, so loading never holds the blobs and the matrix twice.
     for n, (rowid, epoch, vec) in enumerate(
-        con.execute("SELECT id, epoch, vec FROM chunks ORDER BY id")
+        con.execute("SELECT id, epoch, vec FROM chunks WHERE recalled = 0 ORDER BY id")
     ):
         ids[n] = rowid
         matrix[n] = np.frombuffer(vec, dtype=np.float32)
@@ -415,8 +424,12 @@ def common_stems(con: sqlite3.Connection, floor: float) -> frozenset[str]:
     return frozenset(t for (t,) in con.execute("SELECT term FROM vocab WHERE doc > ?", (floor,)))
 
 
+RECALLED_ROLE = "{role}, answered from recall"  # how a recalled neighbour is labelled
+
+
 class Neighbour(NamedTuple):
-    """A turn near a hit's: ``offset`` turns after it (negative: before); its pieces joined."""
+    """A turn near a hit's: ``offset`` turns after it (negative: before); its pieces joined;
+    ``role`` says when the turn was answered from recall (RECALLED_ROLE)."""
 
     offset: int
     role: str
@@ -431,12 +444,14 @@ def neighbours(con: sqlite3.Connection, conv: str, seq: int, span: int = 1) -> l
     """The turns up to ``span`` before and after turn ``seq`` of a conversation, those that
     exist, in conversation order."""
     parts: dict[int, tuple[str, list[str]]] = {}
-    for turn_seq, role, text in con.execute(
-        "SELECT seq, role, text FROM chunks WHERE conv = ? AND seq BETWEEN ? AND ? AND seq != ?"
+    for turn_seq, role, text, recalled in con.execute(
+        "SELECT seq, role, text, recalled FROM chunks"
+        " WHERE conv = ? AND seq BETWEEN ? AND ? AND seq != ?"
         " ORDER BY seq, block, split",
         (conv, seq - span, seq + span, seq),
     ):
-        parts.setdefault(turn_seq, (role, []))[1].append(text)
+        label = RECALLED_ROLE.format(role=role) if recalled else role
+        parts.setdefault(turn_seq, (label, []))[1].append(text)
     return [
         Neighbour(at - seq, role, " ".join(texts)) for at, (role, texts) in sorted(parts.items())
     ]
@@ -444,7 +459,7 @@ def neighbours(con: sqlite3.Connection, conv: str, seq: int, span: int = 1) -> l
 
 def doc_counts(con: sqlite3.Connection, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
     """How many passages there are, and how many contain each term (stemmed as FTS5 does)."""
-    total = con.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    total = con.execute("SELECT count(*) FROM chunks WHERE recalled = 0").fetchone()[0]
     counts = {
         term: con.execute(
             "SELECT count(*) FROM fts WHERE fts MATCH ?", (fts_query([term]),)

@@ -1,0 +1,96 @@
+"""The recall audit: every tool call appends one line to the user's own log, home/audit.jsonl.
+
+A line says when, which client (the token's `client_id`), the query searched, the outcome, and
+which passages were served: the time of each hit's turn (and its role, when the engine prints
+it), never their text. The audit is the user's data: it lives in their directory, so it goes
+with them, and only the ingest key's holder reads it back (`POST /audit`).
+
+Which passages were served is read from the answer itself, so the engine seam stays one text:
+both engines start each hit with a dated header line (the embedded engine's
+``[2026-10-08 14:05 UTC] user``, funes' ``[2026-10-08T14:05:07Z] gateway /work/x text  score=``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
+
+AUDIT_FILE = "audit.jsonl"
+OUTCOMES = {NO_MEMORY: "no_memory", NOTHING_FOUND: "nothing_found", UNAVAILABLE: "unavailable"}
+EMBEDDED_HEADER = re.compile(
+    r"^\[(?P<day>\d{4}-\d{2}-\d{2}) (?P<clock>\d{2}:\d{2}) UTC\] (?P<role>[a-z]+)$", re.MULTILINE
+)
+FUNES_HEADER = re.compile(
+    r"^\[(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z)\] \S+ \S+ \S+[ \t]+score=",
+    re.MULTILINE,
+)
+
+
+def now() -> str:
+    """The current time as the audit writes it (and `since` is compared with)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def served(answer: str) -> list[dict[str, str]]:
+    """The passages an answer holds: each hit's turn time (UTC) and role where shown."""
+    hits = [
+        (m.start(), {"ts": f"{m['day']}T{m['clock']}:00Z", "role": m["role"]})
+        for m in EMBEDDED_HEADER.finditer(answer)
+    ]
+    hits += [(m.start(), {"ts": m["ts"]}) for m in FUNES_HEADER.finditer(answer)]
+    return [hit for _, hit in sorted(hits, key=lambda h: h[0])]
+
+
+def entry(client: str | None, query: str, answer: str) -> dict[str, Any]:
+    """One audit line for a tool call that searched ``query`` and answered ``answer``."""
+    outcome = OUTCOMES.get(answer, "passages")
+    return {
+        "at": now(),
+        "client": client,
+        "query": query,
+        "outcome": outcome,
+        "served": served(answer) if outcome == "passages" else [],
+    }
+
+
+def append(home: Path, line: dict[str, Any]) -> None:
+    """Append one line durably: one O_APPEND write (concurrent calls never mix their lines),
+    then fsync. Only into an existing user directory: a user with none has nothing served."""
+    path = home / AUDIT_FILE
+    created = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:  # the new file's directory entry must be durable too
+        directory = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def read(home: Path, since: str | None = None) -> list[dict[str, Any]]:
+    """The user's audit lines, oldest first, those at or after ``since`` (a UTC ...Z time).
+    A line cut short by a crash is skipped."""
+    try:
+        raw = (home / AUDIT_FILE).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    entries = []
+    for text in raw.splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and (since is None or str(line.get("at", "")) >= since):
+            entries.append(line)
+    return entries

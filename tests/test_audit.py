@@ -1,0 +1,125 @@
+"""The recall audit: every tool call is logged in the user's own directory, and POST /audit
+returns it to the ingest key's holder: when, which client, the query, which passages (by time)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import Server, conversation, make_server
+
+from recall.audit import AUDIT_FILE
+
+
+def post_audit(server: Server, body: Any, key: str | None = "default") -> tuple[int, Any]:
+    request = urllib.request.Request(
+        f"{server.url}/audit", data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("content-type", "application/json")
+    if key is not None:
+        request.add_header("x-ingest-key", server.ingest_key if key == "default" else key)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+TICKET = conversation(
+    "alice",
+    "ticket",
+    "Who owns ticket MT-4471 for the K-2 machine?",
+    "Dana from platform owns MT-4471.",
+    day=8,
+)
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = make_server(tmp_path_factory.mktemp("audit"), ENGINE="embedded").start()
+    assert server.post(TICKET)[0] == 202
+    server.wait_indexed("alice")
+    yield server
+    server.stop()
+
+
+async def test_each_tool_call_is_audited_with_client_query_and_the_passages_times(
+    embedded: Server,
+) -> None:
+    # Given alice's stored conversation
+    # When her agent searches twice
+    first = await embedded.recall("alice", "MT-4471 owner")
+    await embedded.recall("alice", "   ")
+    # Then her audit holds both calls, in order: client, query, outcome, the served turns' times
+    status, answer = post_audit(embedded, {"user": "alice"})
+    assert status == 200
+    calls = answer["entries"][-2:]
+    assert [c["query"] for c in calls] == ["MT-4471 owner", ""]
+    assert [c["outcome"] for c in calls] == ["passages", "nothing_found"]
+    assert all(c["client"] == "alice" for c in calls)  # demo tokens' client_id is the user
+    served = calls[0]["served"]
+    assert {"ts": "2026-10-08T09:01:00Z", "role": "assistant"} in served
+    assert len(served) == first.count("\n---\n") + first.startswith("---\n")
+    assert calls[1]["served"] == []
+    # And it holds no conversation text, and lives in her own directory
+    assert "Dana" not in json.dumps(answer)
+    assert (embedded.home("alice") / AUDIT_FILE).is_file()
+    assert not (embedded.home("bob") / AUDIT_FILE).exists()
+
+
+async def test_since_keeps_only_later_calls_and_other_users_see_none(embedded: Server) -> None:
+    await embedded.recall("alice", "K-2 machine")
+    # When the audit is asked from a time after every call
+    status, later = post_audit(embedded, {"user": "alice", "since": "2999-01-01T00:00:00Z"})
+    assert (status, later) == (200, {"entries": []})
+    # And from the start of time, it holds the call
+    status, everything = post_audit(embedded, {"user": "alice", "since": "2000-01-01T00:00:00Z"})
+    assert status == 200 and "K-2 machine" in [c["query"] for c in everything["entries"]]
+    # And a user with no calls has an empty audit
+    assert post_audit(embedded, {"user": "carol"}) == (200, {"entries": []})
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "expected"),
+    [
+        ({"user": "alice"}, None, (401, {"error": "x-ingest-key: missing or wrong"})),
+        (
+            {"user": "alice"},
+            "wrong-key-0123456789",
+            (401, {"error": "x-ingest-key: missing or wrong"}),
+        ),
+        ({}, "default", (400, {"error": "user: must be a string"})),
+        (["alice"], "default", (400, {"error": "body: must be a JSON object"})),
+        (
+            {"user": "alice", "since": "yesterday"},
+            "default",
+            (400, {"error": "since: must be an RFC 3339 timestamp with Z or an offset"}),
+        ),
+    ],
+)
+def test_a_bad_audit_request_is_refused_naming_the_field(
+    embedded: Server, body: Any, key: str | None, expected: tuple[int, Any]
+) -> None:
+    assert post_audit(embedded, body, key) == expected
+
+
+async def test_the_funes_engines_served_passages_are_audited_by_their_times(
+    funes_server: Server,
+) -> None:
+    # Given bob's conversation indexed by funes
+    body = conversation("bob", "motor", "Motor P-7 has bearing noise, ticket MT-5120.", "Logged.")
+    assert funes_server.post(body)[0] == 202
+    funes_server.wait_indexed("bob")
+    # When his agent searches
+    await funes_server.recall("bob", "P-7 bearing")
+    # Then the audit names the served turn by its time
+    status, answer = post_audit(funes_server, {"user": "bob"})
+    assert status == 200
+    (call,) = answer["entries"]
+    assert call["query"] == "P-7 bearing" and call["outcome"] == "passages"
+    assert {"ts": "2026-10-08T09:00:00Z"} in call["served"]
+    assert "bearing noise" not in json.dumps(answer)
