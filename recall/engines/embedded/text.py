@@ -107,10 +107,15 @@ def query_terms(query: str) -> list[str]:
     time and adds noise.
     """
     words = WORD.findall(query.lower())
-    # Single letters (the "t" of "didn't", the "s" of "Caroline's", the "v" of V-1415, which
-    # "v1415" matches exactly) match thousands of rows, cost a third of the search time and say
-    # nothing; a single digit ("note 7") stays.
-    terms = [w for w in words if w not in STOPWORDS and not (len(w) == 1 and w.isalpha())]
+    # Single letters (the "t" of "didn't", the "s" of "Caroline's") and one-character parts of
+    # ids (the "v" of V-1415, which "v1415" matches exactly) match thousands of rows, cost a third
+    # of the search time and say nothing; a single digit on its own ("note 7") stays.
+    id_parts = {p for token in identifiers(query.lower()) for p in WORD.findall(token)}
+    terms = [
+        w
+        for w in words
+        if w not in STOPWORDS and not (len(w) == 1 and (w.isalpha() or w in id_parts))
+    ]
     terms = terms or words
     terms += identifier_forms(query)
     return list(dict.fromkeys(terms))[:MAX_QUERY_TERMS]
