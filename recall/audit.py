@@ -12,6 +12,7 @@ both engines start each hit with a dated header line (the embedded engine's
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -61,21 +62,67 @@ def entry(client: str | None, query: str, answer: str) -> dict[str, Any]:
 
 def append(home: Path, line: dict[str, Any]) -> None:
     """Append one line durably: one O_APPEND write (concurrent calls never mix their lines),
-    then fsync. Only into an existing user directory: a user with none has nothing served."""
+    then fsync. Only into an existing user directory: a user with none has nothing served.
+    A shared lock keeps it out of a retention prune's way (which takes it exclusively)."""
     path = home / AUDIT_FILE
     created = not path.exists()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    while True:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                os.write(fd, (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+                os.fsync(fd)
+                break
+        except FileNotFoundError:
+            pass  # a prune replaced the file while we waited: write into the new one
+        finally:
+            os.close(fd)
+    if created:  # the new file's directory entry must be durable too
+        _fsync_dir(home)
+
+
+def prune(home: Path, before: str) -> int:
+    """Drop the audit lines older than ``before`` (a UTC ...Z time), as retention asks; how many.
+    The kept lines replace the file atomically, under an exclusive lock."""
+    path = home / AUDIT_FILE
     try:
-        os.write(fd, (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
-        os.fsync(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        kept = [text for text in lines if _at(text) >= before]
+        if len(kept) == len(lines):
+            return 0
+        tmp = home / f".{AUDIT_FILE}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.writelines(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(home)
+        return len(lines) - len(kept)
     finally:
         os.close(fd)
-    if created:  # the new file's directory entry must be durable too
-        directory = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+
+
+def _at(text: str) -> str:
+    """A line's time, or "" for a line cut short (dropped by a prune: it is unreadable anyway)."""
+    try:
+        line = json.loads(text)
+    except ValueError:
+        return ""
+    return str(line.get("at", "")) if isinstance(line, dict) else ""
+
+
+def _fsync_dir(path: Path) -> None:
+    directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def read(home: Path, since: str | None = None) -> list[dict[str, Any]]:

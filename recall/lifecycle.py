@@ -36,6 +36,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from recall import audit
 from recall.concurrency import run_in
 from recall.conversations import (
     CONVERSATION_ID,
@@ -356,6 +357,8 @@ class Lifecycle:
                 with suppress(NotFound):  # forgotten meanwhile
                     await self.forget(home, conversation_id, "retention")
                     forgotten += 1
+            # The recall audit is the user's data too: its old lines go with the same retention.
+            await run_in(self.writes, audit.prune, home, _stamp(cutoff))
         return forgotten
 
     async def sweep_forever(self, retention_days: float, interval: float) -> None:

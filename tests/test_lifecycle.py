@@ -386,3 +386,24 @@ def test_a_recall_that_overlapped_a_forget_hides_it_and_a_later_one_does_not() -
     assert windows.hidden(home, before) == {"secret"}  # began before the forget ended
     assert windows.hidden(Path("/data/other"), before) == set()
     assert windows.hidden(home, time.monotonic()) == set()  # began after: reads a clean index
+
+
+def test_retention_also_drops_old_lines_of_the_recall_audit(tmp_path: Path) -> None:
+    # Given a user whose audit holds a line from long ago and one from today
+    server = make_server(
+        tmp_path, ENGINE="embedded", RETENTION_DAYS="30", RETENTION_SWEEP_SECONDS="0.3"
+    )
+    home = server.home("alice")
+    home.mkdir(parents=True)
+    old = {"at": "2020-01-01T00:00:00Z", "client": "c", "query": SECRET, "outcome": "passages"}
+    recent = {"at": later(0), "client": "c", "query": KEPT, "outcome": "nothing_found"}
+    (home / "audit.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(recent) + "\n")
+
+    # When a server with a retention starts (it sweeps at once)
+    with server.start():
+        wait_for(lambda: SECRET not in (home / "audit.jsonl").read_text(), timeout=60)
+        status, answer = server.post({"user": "alice"}, route="/audit")
+
+    # Then the old line is gone and the recent one kept
+    assert status == 200
+    assert [e["query"] for e in answer["entries"]] == [KEPT]
