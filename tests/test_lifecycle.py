@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from conftest import Server, conversation, install_fake_funes, make_server, turn, wait_for
 
+from recall.audit import AUDIT_FILE as AUDIT
 from recall.engines.base import NO_MEMORY, ForgetWindows
 from recall.engines.funes import drop_sessions
 
@@ -79,9 +80,11 @@ async def recall(server: Server, user: str, query: str) -> str:
 
 
 def index_bytes(server: Server, user: str) -> bytes:
-    """Every byte of the user's index files, lowercased (the FTS index stores terms lowercased)."""
+    """Every byte of the user's index files, lowercased (the FTS index stores terms lowercased).
+    Not the recall audit: it keeps the queries asked (a query may quote what was later
+    forgotten); erase removes it and retention prunes it."""
     home = server.home(user)
-    files = [p for p in home.rglob("*") if p.is_file() and "src" not in p.parts]
+    files = [p for p in home.rglob("*") if p.is_file() and "src" not in p.parts and p.name != AUDIT]
     return b"".join(p.read_bytes() for p in files).lower()
 
 

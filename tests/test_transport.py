@@ -285,7 +285,9 @@ def test_an_idle_keepalive_connection_is_kept_for_keepalive_timeout(patient: Ser
 
 
 def test_past_max_connections_a_request_gets_503_until_they_close(patient: Server) -> None:
-    # given: MAX_CONNECTIONS (5) uploads held open mid-body
+    # given: no connection left over from an earlier test, then MAX_CONNECTIONS (5) uploads
+    # held open mid-body
+    wait_for(lambda: health_status(patient) == 200, timeout=60)
     held = [stalled_upload(patient) for _ in range(5)]
     try:
         # then: one more connection is refused with 503
