@@ -30,11 +30,11 @@ import json
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
@@ -74,6 +74,7 @@ from recall.transport import fit_descriptor_limit, serve
 
 log = logging.getLogger("recall")
 
+T = TypeVar("T")  # what a keyed route parses its body into
 MAX_QUERY_CHARS = 500  # a query is a few words; the cap bounds what one call can make us scan
 # Durable writes are short (a file, two fsyncs); their own few threads, so that nothing else
 # (index runs, recalls) can make the gateway's post wait for a thread.
@@ -216,18 +217,25 @@ def create_app(settings: Settings) -> Starlette:
         except TimeoutError:
             return error(408, f"body: not received within {settings.body_timeout:g} s")
 
-    def bad_body(exc: Exception) -> JSONResponse:
-        message = str(exc) if isinstance(exc, InvalidConversation) else "body: not valid JSON"
-        return error(400, message)
-
-    @mcp.custom_route("/turns", methods=["POST"])
-    async def ingest(request: Request) -> JSONResponse:
+    async def keyed_request(request: Request, parse: Callable[[Any], T]) -> T | JSONResponse:
+        """A keyed route's body, read and parsed by ``parse`` (InvalidConversation names the
+        field), or the refusal to send."""
         if isinstance(raw := await keyed_body(request), JSONResponse):
             return raw
         try:
-            conversation = parse_conversation(json.loads(raw), limits)
+            return parse(json.loads(raw))
         except (ValueError, RecursionError) as exc:  # InvalidConversation is a ValueError
-            return bad_body(exc)
+            message = str(exc) if isinstance(exc, InvalidConversation) else "body: not valid JSON"
+            return error(400, message)
+
+    def user_only(body: Any) -> str:
+        return parse_request(body, limits, conversation=False)[0]
+
+    @mcp.custom_route("/turns", methods=["POST"])
+    async def ingest(request: Request) -> JSONResponse:
+        conversation = await keyed_request(request, lambda body: parse_conversation(body, limits))
+        if isinstance(conversation, JSONResponse):
+            return conversation
         user_home = home(conversation.user)
         if conversation.redactions:  # kinds and counts only, never a value
             log.info("user %s: redacted %s", user_home.name, conversation.redaction_summary())
@@ -249,12 +257,12 @@ def create_app(settings: Settings) -> Starlette:
 
     @mcp.custom_route("/forget", methods=["POST"])
     async def forget(request: Request) -> JSONResponse:
-        if isinstance(raw := await keyed_body(request), JSONResponse):
-            return raw
-        try:
-            user, conversation_id = parse_request(json.loads(raw), limits, conversation=True)
-        except (ValueError, RecursionError) as exc:
-            return bad_body(exc)
+        parsed = await keyed_request(
+            request, lambda body: parse_request(body, limits, conversation=True)
+        )
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        user, conversation_id = parsed
         try:
             receipt = await lifecycle.forget(home(user), conversation_id, "request")
         except NotFound:
@@ -266,22 +274,14 @@ def create_app(settings: Settings) -> Starlette:
 
     @mcp.custom_route("/erase", methods=["POST"])
     async def erase(request: Request) -> JSONResponse:
-        if isinstance(raw := await keyed_body(request), JSONResponse):
-            return raw
-        try:
-            user, _ = parse_request(json.loads(raw), limits, conversation=False)
-        except (ValueError, RecursionError) as exc:
-            return bad_body(exc)
+        if isinstance(user := await keyed_request(request, user_only), JSONResponse):
+            return user
         return JSONResponse(await lifecycle.erase(home(user)))
 
     @mcp.custom_route("/receipts", methods=["POST"])
     async def receipts(request: Request) -> JSONResponse:
-        if isinstance(raw := await keyed_body(request), JSONResponse):
-            return raw
-        try:
-            user, _ = parse_request(json.loads(raw), limits, conversation=False)
-        except (ValueError, RecursionError) as exc:
-            return bad_body(exc)
+        if isinstance(user := await keyed_request(request, user_only), JSONResponse):
+            return user
         user_hash = home(user).name
         found = await run_in(writes, list_receipts, data_dir, user_hash)
         return JSONResponse({"user": user_hash, "receipts": found})
@@ -290,12 +290,10 @@ def create_app(settings: Settings) -> Starlette:
     async def audit_log(request: Request) -> JSONResponse:
         """A user's recall audit, for the gateway or an admin: {"user", "since"?} in the body
         (never in the URL, where access logs would keep it)."""
-        if isinstance(raw := await keyed_body(request), JSONResponse):
-            return raw
-        try:
-            user, since = parse_audit_request(json.loads(raw), limits)
-        except (ValueError, RecursionError) as exc:
-            return bad_body(exc)
+        parsed = await keyed_request(request, lambda body: parse_audit_request(body, limits))
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        user, since = parsed
         entries = await run_in(writes, audit.read, home(user), since)
         return JSONResponse({"entries": entries})
 
