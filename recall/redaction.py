@@ -78,7 +78,7 @@ BUILTIN: tuple[tuple[str, str], ...] = (
     (
         "basic_auth",
         r"(?i:authorization)[\"']?[ \t]{0,4}[:=][ \t]{0,4}[\"']?(?i:basic)[ \t]{1,4}"
-        r"(?P<secret>[A-Za-z0-9+/]{8,}+={0,2})",
+        r"(?P<secret>[A-Za-z0-9+/_-]{8,}+={0,2})",  # base64, or base64url from some clients
     ),
     # scheme://user:password@host: the password only (the user and host stay readable). Starts
     # at "://", a literal the regex engine finds fast.
