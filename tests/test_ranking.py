@@ -55,11 +55,12 @@ def test_a_rare_word_outweighs_names_and_words_every_turn_carries(chat: Path) ->
     query = Query.parse("Did Caroline tell Melanie about the pottery class?")
     con = connect(db_path(chat), create=False)
     try:
-        passages, counts = doc_counts(con, query.terms)
+        passages = con.execute("SELECT count(*) FROM chunks").fetchone()[0]
+        counts = doc_counts(con, query.terms)
         common = common_stems(con, common_floor(passages))
 
         # When the lexical leg ranks its candidates
-        ranked = lexical(con, query, common, candidates=3)
+        ranked = lexical(con, query, common, candidates=3, passages=passages)
         first = con.execute("SELECT text FROM chunks WHERE id = ?", (ranked.ids[0],)).fetchone()
     finally:
         con.close()

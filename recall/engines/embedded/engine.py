@@ -232,7 +232,9 @@ class EmbeddedEngine:
         # long, and SQLite and onnxruntime both release the GIL. The connection is used by one
         # thread at a time (this one waits for the result before touching it again).
         future = (
-            self._pool.submit(lexical, con, query, vectors.common, self.candidates)
+            self._pool.submit(
+                lexical, con, query, vectors.common, self.candidates, len(vectors.ids)
+            )
             if query.terms
             else None
         )

@@ -84,17 +84,25 @@ class Lexical:
 
 
 def lexical(
-    con: sqlite3.Connection, query: Query, common: frozenset[str], candidates: int
+    con: sqlite3.Connection,
+    query: Query,
+    common: frozenset[str],
+    candidates: int,
+    passages: int,
 ) -> Lexical:
     """The lexical leg: at most ``candidates`` rowids, best first.
 
     Each query term weighs its rarity in this user's own history, so a name that occurs in every
     turn counts for little and a rare noun for much.
     """
-    passages, counts = doc_counts(con, query.terms)
-    weights = {term: idf(passages, count) for term, count in counts.items()}
-    unknown_ids = bool(query.ids) and all(counts.get(i, 0) == 0 for i in query.ids)
     searched = [t for t in query.terms if not is_common(t, common)] or query.terms
+    # Counting a common word reads a long doclist (most of a 10,000-conversation recall's time):
+    # a common word counts as if it were in just enough passages to be common, which keeps its
+    # weight low without counting.
+    counts = dict.fromkeys(query.terms, math.ceil(common_floor(passages)))
+    counts.update(doc_counts(con, [t for t in query.terms if not is_common(t, common)]))
+    weights = {term: idf(passages, min(count, passages)) for term, count in counts.items()}
+    unknown_ids = bool(query.ids) and all(counts[i] == 0 for i in query.ids)
     # A wider BM25 pool, re-ordered by how much of the query each passage covers.
     rows = con.execute(
         "SELECT rowid, text FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",

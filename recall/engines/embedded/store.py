@@ -457,13 +457,12 @@ def neighbours(con: sqlite3.Connection, conv: str, seq: int, span: int = 1) -> l
     ]
 
 
-def doc_counts(con: sqlite3.Connection, terms: Sequence[str]) -> tuple[int, dict[str, int]]:
-    """How many passages there are, and how many contain each term (stemmed as FTS5 does)."""
-    total = con.execute("SELECT count(*) FROM chunks WHERE recalled = 0").fetchone()[0]
-    counts = {
+def doc_counts(con: sqlite3.Connection, terms: Sequence[str]) -> dict[str, int]:
+    """How many passages contain each term (stemmed as FTS5 does). A count reads the term's
+    whole doclist: ask only for terms that are not common."""
+    return {
         term: con.execute(
             "SELECT count(*) FROM fts WHERE fts MATCH ?", (fts_query([term]),)
         ).fetchone()[0]
         for term in terms
     }
-    return total, counts
