@@ -70,7 +70,7 @@ class _Vectors:
     ids: np.ndarray  # int64 chunk rowids, row i of the matrix is ids[i]
     matrix: np.ndarray  # float32, n x dim, unit rows
     newest: float  # epoch of the newest turn: recency is relative to the user's own history
-    common: frozenset[str]  # stems found in more than COMMON_SHARE of the passages
+    common: dict[str, int]  # stems in more than COMMON_SHARE of the passages, with their counts
 
     @property
     def nbytes(self) -> int:

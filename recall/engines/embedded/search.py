@@ -15,13 +15,20 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from recall.engines.embedded.store import doc_counts
-from recall.engines.embedded.text import ID_COVERAGE, Query, coverage, fts_query, is_common
+from recall.engines.embedded.text import (
+    ID_COVERAGE,
+    Query,
+    common_count,
+    coverage,
+    fts_query,
+    is_common,
+)
 
 # Fusion: ranks, not scores, are fused (BM25 and cosine live on different scales); 60 is the usual
 # reciprocal-rank constant. The dense leg at half weight: a passage only the model finds cannot
@@ -86,7 +93,7 @@ class Lexical:
 def lexical(
     con: sqlite3.Connection,
     query: Query,
-    common: frozenset[str],
+    common: Mapping[str, int],
     candidates: int,
     passages: int,
 ) -> Lexical:
@@ -96,11 +103,11 @@ def lexical(
     turn counts for little and a rare noun for much.
     """
     searched = [t for t in query.terms if not is_common(t, common)] or query.terms
-    # Counting a common word reads a long doclist (most of a 10,000-conversation recall's time):
-    # a common word counts as if it were in just enough passages to be common, which keeps its
-    # weight low without counting.
-    counts = dict.fromkeys(query.terms, math.ceil(common_floor(passages)))
-    counts.update(doc_counts(con, [t for t in query.terms if not is_common(t, common)]))
+    # Counting a word reads its whole doclist, which for a common word is most of a
+    # 10,000-conversation recall's time: common words take their count from the vocabulary
+    # loaded with the matrix; the others are counted.
+    counts = {t: n for t in query.terms if (n := common_count(t, common)) is not None}
+    counts.update(doc_counts(con, [t for t in query.terms if t not in counts]))
     weights = {term: idf(passages, min(count, passages)) for term, count in counts.items()}
     unknown_ids = bool(query.ids) and all(counts[i] == 0 for i in query.ids)
     # A wider BM25 pool, re-ordered by how much of the query each passage covers.

@@ -418,10 +418,10 @@ def load_vectors(con: sqlite3.Connection, dim: int) -> tuple[np.ndarray, np.ndar
     return ids, matrix, newest
 
 
-def common_stems(con: sqlite3.Connection, floor: float) -> frozenset[str]:
-    """The indexed stems found in more than ``floor`` passages."""
+def common_stems(con: sqlite3.Connection, floor: float) -> dict[str, int]:
+    """The indexed stems found in more than ``floor`` passages, with how many they are in."""
     con.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.vocab USING fts5vocab(main, fts, row)")
-    return frozenset(t for (t,) in con.execute("SELECT term FROM vocab WHERE doc > ?", (floor,)))
+    return dict(con.execute("SELECT term, doc FROM vocab WHERE doc > ?", (floor,)).fetchall())
 
 
 RECALLED_ROLE = "{role}, answered from recall"  # how a recalled neighbour is labelled

@@ -137,10 +137,19 @@ def fts_query(terms: Sequence[str]) -> str:
     return " OR ".join(f'"{t}"' for t in terms)
 
 
-def is_common(word: str, common_stems: frozenset[str]) -> bool:
+def is_common(word: str, common_stems: Mapping[str, int] | frozenset[str]) -> bool:
     """Whether a query word is one of the index's common words. The index holds porter stems
     ("valv" for "valves"), so the word itself or the word less a suffix of up to 3 letters."""
-    return any(word[:n] in common_stems for n in range(max(len(word) - 3, 3), len(word) + 1))
+    return common_count(word, common_stems) is not None
+
+
+def common_count(word: str, common_stems: Mapping[str, int] | frozenset[str]) -> int | None:
+    """How many passages hold a common query word (its stem's count), or None when it is not
+    common. A frozenset of stems (no counts) answers 0 for a common word."""
+    for n in range(max(len(word) - 3, 3), len(word) + 1):
+        if word[:n] in common_stems:
+            return common_stems[word[:n]] if isinstance(common_stems, Mapping) else 0
+    return None
 
 
 def coverage(terms: Sequence[str], text: str, weights: Mapping[str, float] | None = None) -> float:
