@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from recall.conversations import fsync_dir
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
 
 AUDIT_FILE = "audit.jsonl"
@@ -79,7 +80,7 @@ def append(home: Path, line: dict[str, Any]) -> None:
         finally:
             os.close(fd)
     if created:  # the new file's directory entry must be durable too
-        _fsync_dir(home)
+        fsync_dir(home)
 
 
 def prune(home: Path, before: str) -> int:
@@ -102,7 +103,7 @@ def prune(home: Path, before: str) -> int:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        _fsync_dir(home)
+        fsync_dir(home)
         return len(lines) - len(kept)
     finally:
         os.close(fd)
@@ -115,14 +116,6 @@ def _at(text: str) -> str:
     except ValueError:
         return ""
     return str(line.get("at", "")) if isinstance(line, dict) else ""
-
-
-def _fsync_dir(path: Path) -> None:
-    directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def read(home: Path, since: str | None = None) -> list[dict[str, Any]]:

@@ -238,7 +238,7 @@ def write_conversation(
                 # between its rename and its fsyncs.
                 _fsync_file(target)
                 for directory in (src, home, home.parent):
-                    _fsync_dir(directory)
+                    fsync_dir(directory)
                 return False
             tmp = src / f".{conversation.conversation_id}.{uuid.uuid4().hex}.tmp"
             try:
@@ -249,9 +249,9 @@ def write_conversation(
                 os.replace(tmp, target)
             finally:
                 tmp.unlink(missing_ok=True)
-            _fsync_dir(src)  # the rename
+            fsync_dir(src)  # the rename
             for directory in created:  # a new user or src directory: its entry must be durable
-                _fsync_dir(directory.parent)
+                fsync_dir(directory.parent)
     except BaseException:
         for directory in reversed(created):  # a failed write leaves no directory behind
             with contextlib.suppress(OSError):  # not empty: another writer is using it
@@ -335,7 +335,8 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -46,6 +46,7 @@ from recall.conversations import (
     Limits,
     _text,
     conversation_lock,
+    fsync_dir,
     read_source,
     source_files,
 )
@@ -106,15 +107,7 @@ def _write_json_durably(path: Path, value: Any) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 def forgotten_before(home: Path, conversation_id: str) -> datetime | None:
@@ -167,7 +160,7 @@ def remove_source(home: Path, conversation_id: str, at: datetime) -> SourceRemov
         tombstones["conversations"][conversation_id] = _stamp(at)
         _write_json_durably(home / TOMBSTONES, tombstones)  # before the delete: never neither
         source.unlink()
-        _fsync_dir(src)
+        fsync_dir(src)
     return SourceRemoved(turns)
 
 
@@ -233,7 +226,7 @@ def erase_home(home: Path, at: datetime) -> dict[str, int]:
     if home.exists():
         os.rename(home, aside)
     os.rename(fresh, home)
-    _fsync_dir(home.parent)
+    fsync_dir(home.parent)
     shutil.rmtree(aside, ignore_errors=True)
     return {"conversations": len(conversations), "turns": turns}
 
