@@ -19,7 +19,8 @@ recall/conversations.py (credentials redacted before disk by recall/redaction.py
 erase, tombstones, receipts and retention in recall/lifecycle.py; the recall audit in
 recall/audit.py; index scheduling in recall/scheduler.py; search engines behind the seam in
 recall/engines/ (funes as a subprocess, or the embedded in-process engine); identity in
-recall/auth.py; settings in recall/settings.py.
+recall/auth.py; settings in recall/settings.py; GET /readyz's checks and GET /metrics in
+recall/metrics.py.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from mcp_types import ToolAnnotations
 from pydantic import Field
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from recall import audit
 from recall.auth import build_verifier, user_from_token
@@ -67,7 +68,8 @@ from recall.lifecycle import (
     parse_request,
     user_homes,
 )
-from recall.logs import configure_logging
+from recall.logs import configure_logging, user_fields
+from recall.metrics import Metrics, failed_check, recall_timed_out
 from recall.scheduler import IndexScheduler, index_and_mark, index_stale
 from recall.settings import ConfigError, Settings, load_settings, settings_help
 from recall.transport import fit_descriptor_limit, serve
@@ -105,8 +107,8 @@ TOOL_ANNOTATIONS = ToolAnnotations(
 )
 
 USAGE = """\
-usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, GET /healthz and
-                                     POST /forget, /erase, /receipts, /audit
+usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, GET /healthz,
+                                     /readyz, /metrics and POST /forget, /erase, /receipts, /audit
        recall-server backfill FILE   import a history in bulk while the server is stopped
                                      (recall-server backfill --help)
        recall-server --help          this text
@@ -162,16 +164,25 @@ def create_app(settings: Settings) -> Starlette:
     ingest_key = settings.ingest_key.encode()
     recalls = BoundedRuns(settings.recall_concurrency, settings.recall_timeout)
     writes = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="recall-write")
+    metrics = Metrics()
 
     def home(user: str) -> Path:
         return data_dir / user_dir_name(user)
 
+    @metrics.index
     async def index_user(user_home: Path) -> None:
         started = time.monotonic()
         await index_and_mark(engine, user_home)
-        log.info("indexed user %s in %.2fs", user_home.name, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        log.info(
+            "indexed user %s in %.2fs",
+            user_home.name,
+            seconds,
+            extra=user_fields(user_home, seconds),
+        )
 
     scheduler = IndexScheduler(index_user, settings.index_debounce, settings.index_concurrency)
+    metrics.watch(recalls, scheduler, engine)  # gauges read at scrape time
     gates = UserGates()
     lifecycle = Lifecycle(data_dir, engine, scheduler, writes, gates)
 
@@ -232,6 +243,7 @@ def create_app(settings: Settings) -> Starlette:
         return parse_request(body, limits, conversation=False)[0]
 
     @mcp.custom_route("/turns", methods=["POST"])
+    @metrics.ingest
     async def ingest(request: Request) -> JSONResponse:
         conversation = await keyed_request(request, lambda body: parse_conversation(body, limits))
         if isinstance(conversation, JSONResponse):
@@ -305,6 +317,17 @@ def create_app(settings: Settings) -> Starlette:
             {"status": "ok", "engine": engine.name, "indexing": scheduler.pending()}
         )
 
+    @mcp.custom_route("/readyz", methods=["GET"])
+    async def readyz(_: Request) -> JSONResponse:
+        # Can requests succeed: DATA_DIR takes a file, the engine can answer. Off the loop (disk).
+        if failed := await run_in(writes, failed_check, data_dir, engine):
+            return JSONResponse({"status": "not ready", "failed": failed}, status_code=503)
+        return JSONResponse({"status": "ready", "engine": engine.name})
+
+    @mcp.custom_route("/metrics", methods=["GET"])
+    async def metrics_page(request: Request) -> Response:
+        return metrics.page(request, settings.metrics_token)
+
     # --- read path --------------------------------------------------------------------------
 
     @mcp.tool(
@@ -334,12 +357,17 @@ def create_app(settings: Settings) -> Starlette:
                 log.warning("audit for user %s not written: %s", user_home.name, exc.strerror)
         return answer
 
+    @metrics.recall
     async def search(user_home: Path, query: str) -> str:
         if not engine.has_memory(user_home):
             if not source_files(user_home):
                 return NO_MEMORY
             # Conversations stored but no readable index (deleted, corrupt, not built yet).
-            log.warning("recall for user %s: no readable index; rebuilding", user_home.name)
+            log.warning(
+                "recall for user %s: no readable index; rebuilding",
+                user_home.name,
+                extra=user_fields(user_home),
+            )
             scheduler.ensure(user_home)
             return UNAVAILABLE
         if not query:
@@ -348,11 +376,24 @@ def create_app(settings: Settings) -> Starlette:
         try:
             found = await recalls.run(lambda: engine.recall(user_home, query))
         except Exception as exc:  # fail soft: whatever went wrong, the conversation goes on
-            log.warning("recall failed for user %s: %s", user_home.name, describe(exc))
+            log.warning(
+                "recall failed for user %s: %s",
+                user_home.name,
+                describe(exc),
+                extra=user_fields(user_home),
+            )
+            if isinstance(exc, TimeoutError):  # the same answer; another outcome in /metrics
+                recall_timed_out()
             if isinstance(exc, EngineError):
                 scheduler.ensure(user_home)  # an unreadable index is rebuilt, not waited on
             return UNAVAILABLE
-        log.info("recall for user %s in %.3fs", user_home.name, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        log.info(
+            "recall for user %s in %.3fs",
+            user_home.name,
+            seconds,
+            extra=user_fields(user_home, seconds),
+        )
         return found[: settings.max_result_chars] or NOTHING_FOUND
 
     return mcp.http_app(
@@ -382,7 +423,7 @@ def main() -> None:
         settings = load_settings()
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     try:
         app = create_app(settings)
     except ConfigError as exc:

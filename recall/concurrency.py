@@ -61,6 +61,8 @@ class BoundedRuns:
 
     def __init__(self, limit: int, timeout: float) -> None:
         self.timeout = timeout
+        self.limit = limit
+        self.in_use = 0  # slots held now, by running or not-yet-stopped work (for /metrics)
         self._slots = asyncio.Semaphore(limit)
         self._tasks: set[asyncio.Task[Any]] = set()  # strong refs: the loop keeps weak ones
 
@@ -77,7 +79,11 @@ class BoundedRuns:
 
     async def _in_slot(self, work: Callable[[], Awaitable[T]]) -> T:
         async with self._slots:
-            return await work()
+            self.in_use += 1
+            try:
+                return await work()
+            finally:
+                self.in_use -= 1
 
     async def close(self) -> None:
         tasks = list(self._tasks)

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from recall.conversations import source_files
 from recall.engines.base import Engine
+from recall.logs import user_fields
 
 log = logging.getLogger("recall.index")
 
@@ -29,6 +31,7 @@ IndexFn = Callable[[Path], Awaitable[None]]
 class _UserState:
     dirty: bool = False
     task: asyncio.Task[None] | None = None
+    waiting_since: float | None = None  # monotonic time the first write not yet in a run came
 
 
 class IndexScheduler:
@@ -44,6 +47,8 @@ class IndexScheduler:
     def schedule(self, home: Path) -> None:
         state = self._users.setdefault(home, _UserState())
         state.dirty = True
+        if state.waiting_since is None:
+            state.waiting_since = time.monotonic()
         if state.task is None or state.task.done():
             state.task = asyncio.create_task(self._run(home, state))
 
@@ -57,17 +62,27 @@ class IndexScheduler:
         """Users with an index run due or going on: 0 once every write so far went through a run."""
         return sum(1 for state in self._users.values() if state.task and not state.task.done())
 
+    def waiting(self) -> tuple[int, float]:
+        """Users with writes that no run has started on yet (in the debounce or queued for a run
+        slot), and how many seconds the oldest of those writes has waited (0 when none): how far
+        indexing lags behind ingest."""
+        since = [s.waiting_since for s in self._users.values() if s.waiting_since is not None]
+        return len(since), (time.monotonic() - min(since)) if since else 0.0
+
     async def _run(self, home: Path, state: _UserState) -> None:
         while state.dirty:
             await asyncio.sleep(self._debounce)
             async with self._runs, self._slot(home):
                 state.dirty = False  # a write while queued is covered by this run
+                state.waiting_since = None
                 try:
                     await self._index(home)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # logged; retried at the next write or failed recall
-                    log.warning("index run failed for user %s: %s", home.name, exc)
+                    log.warning(
+                        "index run failed for user %s: %s", home.name, exc, extra=user_fields(home)
+                    )
 
     def _slot(self, home: Path) -> asyncio.Lock:
         return self._slots.setdefault(home, asyncio.Lock())

@@ -44,6 +44,20 @@ class Settings(BaseSettings):
         description="`DEBUG`, `INFO`, `WARNING` or `ERROR`, for our lines and FastMCP's and "
         "uvicorn's alike; logs never hold user ids, tokens, keys or conversation text",
     )
+    # Text by default: what a person reads in a terminal; json for a log collector.
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="`text` (`<time> <LEVEL> <logger> <message>`) or `json` (one object a line: "
+        "`time`, `level`, `logger`, `event`, and `user` as its directory hash and `seconds` "
+        "where a line has them)",
+    )
+    # Unset: /metrics holds counts and timings only (no user, token or text), like /healthz.
+    metrics_token: str = Field(
+        "",
+        description="when set, `GET /metrics` requires `Authorization: Bearer <METRICS_TOKEN>` "
+        "(else 401); unset, it is open",
+        json_schema_extra=shown("(open)"),
+    )
 
     # Write path. The key guards an internal route the chat gateway calls; 16+ chars, and no
     # placeholder, so a typo'd or copied sample value cannot start a server.

@@ -33,6 +33,11 @@ class Engine(Protocol):
         """True once an index run has produced something recall can read."""
         ...
 
+    def ready(self) -> str | None:
+        """None when this engine can answer, else the name of the check that fails (GET /readyz
+        reports it). Called on every readiness probe: cheap, and never loads anything."""
+        ...
+
     async def index(self, home: Path) -> None:
         """Bring the index in ``home`` up to date with ``home/src``; EngineError on failure."""
         ...

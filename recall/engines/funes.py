@@ -176,6 +176,11 @@ class FunesEngine:
     def has_memory(self, home: Path) -> bool:
         return (home / "memory").exists()
 
+    def ready(self) -> str | None:
+        # Each call starts the binary afresh: it must still be there and executable.
+        binary = Path(self.binary)
+        return None if binary.is_file() and os.access(binary, os.X_OK) else "funes_binary"
+
     async def index(self, home: Path) -> None:
         await self._index(home, home / "src")
 

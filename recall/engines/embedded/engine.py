@@ -151,6 +151,11 @@ class EmbeddedEngine:
         # the server rebuilds it rather than failing every recall until the user posts again.
         return looks_like_db(db_path(home))
 
+    def ready(self) -> str | None:
+        # The model is loaded when the engine is built (the server does not start without it)
+        # and stays loaded: nothing to load or check again per probe.
+        return None if self.embedder is not None else "embedding_model"
+
     async def index(self, home: Path) -> None:
         stop = _RunStop(self.index_timeout)
         await run_in(self._index_pool, self._index, home, stop, on_cancel=stop.cancelled.set)
