@@ -130,6 +130,8 @@ async def test_metrics_count_ingest_by_status_and_recall_by_outcome(
     assert value(samples, "index_runs_total") == 1
     assert value(samples, "index_failures_total") == 0
     assert value(samples, "index_duration_seconds_count") == 1
+    assert value(samples, "index_waiting_users") == 0  # the run has started: nobody waits
+    assert value(samples, "index_oldest_wait_seconds") == 0
     assert value(samples, "recall_slots") == 4
     assert value(samples, "recall_slots_in_use") == 0
     assert value(samples, "vector_cache_bytes") is None  # funes caches no vectors
