@@ -10,7 +10,8 @@ Where new code goes: names HTTP or MCP -> recall_server.py; holds connections an
 a credential -> redaction.py; decides when to index -> scheduler.py; runs work on a bounded pool
 -> concurrency.py; forgets, erases, keeps tombstones or receipts, applies retention ->
 lifecycle.py; records a recall -> audit.py; searches -> one engine behind engines/base.py; reads
-the environment or refuses a configuration -> settings.py; formats a log line -> logs.py; starts
+the environment or refuses a configuration -> settings.py; formats a log line -> logs.py; tells
+an operator whether it is ready or how it is doing (/readyz, /metrics) -> metrics.py; starts
 a real server for tests, the benchmark or a demo -> testing.py. In the embedded engine
 (engines/embedded/): a word rule -> text.py; what is stored -> store.py (with a SCHEMA bump); how
 hits rank -> search.py (judged by the benchmark); what the agent reads -> render.py (a contract);

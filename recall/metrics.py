@@ -36,7 +36,7 @@ from recall.scheduler import IndexScheduler
 
 PREFIX = "recall_server_"
 # A `_created` timestamp series beside every counter and histogram only doubles the page (and
-# Prometheus has its own notion of resets): off, for this process's registries.
+# Prometheus tells resets by itself): off. The switch is process-wide, like the setting it is.
 disable_created_metrics()
 # The recall outcomes, by the fixed answer each gives the agent; anything else is passages.
 OUTCOMES = {NO_MEMORY: "no_memory", NOTHING_FOUND: "nothing_found", UNAVAILABLE: "unavailable"}
@@ -61,8 +61,11 @@ def data_dir_writable(data_dir: Path) -> bool:
     """Whether a file can be created and removed in DATA_DIR now (blocking: run it off the loop)."""
     try:
         fd, name = tempfile.mkstemp(prefix=".readyz-", dir=data_dir)  # dot: no user home
-        os.close(fd)
-        os.unlink(name)
+        try:
+            os.write(fd, b"ok")  # a byte, so that a full disk fails here too
+        finally:
+            os.close(fd)
+            os.unlink(name)
     except OSError:
         return False
     return True
