@@ -13,6 +13,9 @@ Two paths, two credentials:
 - Lifecycle. POST /forget, /erase and /receipts (same key, the user in the body) forget a
   conversation, erase a user and list the receipts; tombstones keep forgotten turns out of later
   posts; RETENTION_DAYS sweeps old conversations.
+- The memory page. GET /memory is a page where the person, signed in with the same bearer token
+  as their agent, sees, searches and forgets their conversations and sees what the assistant
+  looked up, through a JSON API under /api/me/ (recall/memory_api.py).
 
 Where code goes: request handling and wiring here; the write path's domain in
 recall/conversations.py (credentials redacted before disk by recall/redaction.py); forget,
@@ -69,6 +72,7 @@ from recall.lifecycle import (
     user_homes,
 )
 from recall.logs import configure_logging, user_fields
+from recall.memory_api import MemoryApi
 from recall.metrics import Metrics, failed_check, recall_timed_out
 from recall.scheduler import IndexScheduler, index_and_mark, index_stale
 from recall.settings import ConfigError, Settings, load_settings, settings_help
@@ -395,6 +399,20 @@ def create_app(settings: Settings) -> Starlette:
             extra=user_fields(user_home, seconds),
         )
         return found[: settings.max_result_chars] or NOTHING_FOUND
+
+    # --- the memory page (recall/memory_api.py): the person's bearer token, the tool's search ---
+
+    memory = MemoryApi(
+        home,
+        search,
+        lifecycle,
+        writes,
+        settings.jwt_user_claim,
+        verifier.required_scopes,
+        MAX_QUERY_CHARS,
+    )
+    for path, methods, endpoint in memory.routes():
+        mcp.custom_route(path, methods)(endpoint)
 
     return mcp.http_app(
         path="/mcp",

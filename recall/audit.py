@@ -3,7 +3,8 @@
 A line says when, which client (the token's `client_id`), the query searched, the outcome, and
 which passages were served: the time of each hit's turn (and its role, when the engine prints
 it), never their text. The audit is the user's data: it lives in their directory, so it goes
-with them, and only the ingest key's holder reads it back (`POST /audit`).
+with them, and only the ingest key's holder (`POST /audit`) and the user's own token (the memory
+page's `GET /api/me/audit`) read it back.
 
 Which passages were served is read from the answer itself, so the engine seam stays one text:
 both engines start each hit with a dated header line (the embedded engine's

@@ -1,0 +1,214 @@
+"""The memory page in a real browser: Debian's Chromium, headless, driven by Playwright, against a
+real server holding the seeded demo. Alice signs in with her token, finds the N-11 decision with
+the search box, reads the capacity check, forgets the unit-ratio chat (and her agent's tool no
+longer returns it); bob sees only his chat; markup in a turn is shown as text and never runs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Server, turn
+
+from recall.demo import CHROMIUM, CHROMIUM_ARGS, seeded_demo
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason=f"{CHROMIUM} is absent: the memory page's browser test needs Debian's chromium "
+    "(apt-get install chromium; CI installs it)",
+)
+playwright_api = pytest.importorskip("playwright.async_api", reason="the test extra's playwright")
+Page = playwright_api.Page
+
+UNIT_RATIOS = "alice-2026-10-12-unit-ratios"
+MARKUP = '<script>window.pwned = "script"</script> and <img src=x onerror="window.pwned = 1">'
+MARKUP_CHAT = {
+    "user": "alice",
+    "conversation_id": "alice-markup",
+    "turns": [
+        turn("user", f"Paste test: {MARKUP}", "2026-10-14T08:00:00Z"),
+        turn("assistant", "That is markup, shown as you typed it.", "2026-10-14T08:01:00Z"),
+    ],
+}
+PHONE = {"width": 390, "height": 760}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = seeded_demo(tmp_path_factory.mktemp("memory-page"))
+    try:
+        assert server.post(MARKUP_CHAT)[0] == 202
+        server.wait_indexed("alice")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def page(tmp_path: Path) -> AsyncIterator[Page]:
+    """A fresh Chromium profile at a phone's width; fails the test on any script error."""
+    async with playwright_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            args=CHROMIUM_ARGS,
+            viewport=PHONE,
+        )
+        errors: list[str] = []
+        page = browser.pages[0] if browser.pages else await browser.new_page()
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        try:
+            yield page
+        finally:
+            await browser.close()
+        assert errors == []
+
+
+async def sign_in(page: Page, server: Server, user: str) -> None:
+    await page.goto(f"{server.url}/memory")
+    await page.get_by_label("Access token").fill(server.tokens[user])
+    await page.get_by_role("button", name="Sign in").click()
+    await page.locator("#conversation-list li").first.wait_for()
+
+
+async def conversation_titles(page: Page) -> list[str]:
+    return await page.locator("#conversation-list .first-line").all_inner_texts()
+
+
+async def test_alice_finds_the_decision_reads_the_chat_and_forgets_the_unit_ratios(
+    demo: Server, page: Page
+) -> None:
+    # given alice's agent still finds the unit-ratio chat
+    assert "A truck takes 26 pallets" in await demo.recall("alice", "truck pallets")
+    # when she signs in with her token
+    await sign_in(page, demo, "alice")
+    assert await page.get_by_text("Signed in as alice").is_visible()
+    titles = await conversation_titles(page)
+    assert len(titles) == 7 and titles[0].startswith("Paste test")  # newest first
+    # the token is in this tab's sessionStorage only: no URL, cookie or localStorage holds it
+    token = demo.tokens["alice"]
+    assert await page.evaluate("sessionStorage.getItem('recall.token')") == token
+    assert await page.evaluate("localStorage.length") == 0
+    assert await page.context.cookies() == []
+    assert token not in page.url and "alice" not in page.url
+
+    # she finds the N-11 decision through the search box, the query's words highlighted
+    await page.get_by_role("link", name="Search", exact=True).click()
+    await page.get_by_label("Search your conversations").fill("N-11 decision")
+    await page.get_by_role("button", name="Search", exact=True).click()
+    results = page.locator("#search-results")
+    await results.get_by_text("Decision: we go ahead with the N-11 upgrade").first.wait_for()
+    marked = {text.lower() for text in await results.locator("mark").all_inner_texts()}
+    assert {"n-11", "decision"} <= marked
+    assert "[2026-10-08 09:20 UTC] user" in await results.inner_text()
+
+    # she opens the capacity check from its passage and reads it whole, dated, by speaker
+    await results.get_by_role("link", name="Open the conversation").first.click()
+    turns = page.locator("#turn-list > li")
+    await turns.first.wait_for()
+    assert await turns.count() == 12
+    assert await page.locator("#conversation-title").inner_text() == (
+        "Capacity check for the N-11 upgrade proposal. N-11 is the North filler; after the "
+        "upgrade it sends about 245 units/d mo…"
+    )
+    fifth = await turns.nth(4).inner_text()
+    assert fifth.startswith("You · 2026-10-08 09:20 UTC")
+    assert "Decision: we go ahead with the N-11 upgrade proposal." in fifth
+
+    # she opens the unit-ratio chat; cancelling the confirmation forgets nothing
+    await page.get_by_role("link", name="Back to the conversations").click()
+    await page.get_by_role("link", name="Some unit arithmetic").click()
+    await turns.first.wait_for()
+    await page.get_by_role("button", name="Forget this conversation").click()
+    dialog = page.get_by_role("dialog", name="Forget this conversation?")
+    assert await dialog.is_visible()
+    await dialog.get_by_role("button", name="Cancel").click()
+    assert not await dialog.is_visible()
+    assert "A truck takes 26 pallets" in await demo.recall("alice", "truck pallets")
+    # confirming forgets it: the receipt shows, the list no longer holds it
+    await page.get_by_role("button", name="Forget this conversation").click()
+    await dialog.get_by_role("button", name="Forget it").click()
+    receipt = page.locator("#receipt")
+    await receipt.wait_for()
+    text = await receipt.inner_text()
+    assert "Forgotten: “Some unit arithmetic" in text and UNIT_RATIOS in text
+    assert "Turns removed\n10" in text
+    titles = await conversation_titles(page)
+    assert len(titles) == 6 and not any(t.startswith("Some unit arithmetic") for t in titles)
+
+    # then her agent's tool no longer returns it, and the page says it is gone
+    answer = await demo.recall("alice", "truck pallets")
+    assert "26 pallets" not in answer and "[2026-10-12" not in answer
+    await page.goto(f"{demo.url}/memory#conversation/{UNIT_RATIOS}")
+    await page.get_by_text(
+        "That conversation is not stored (it may have been forgotten)."
+    ).wait_for()
+
+
+async def test_bobs_token_shows_only_bobs_chat(demo: Server, page: Page) -> None:
+    # when bob signs in
+    await sign_in(page, demo, "bob")
+    # then his list holds his one chat, and his search never reaches alice's
+    titles = await conversation_titles(page)
+    assert len(titles) == 1 and titles[0].startswith("I'm at the South hub. Motor P-7")
+    await page.get_by_role("link", name="Search", exact=True).click()
+    await page.get_by_label("Search your conversations").fill("N-11 upgrade decision")
+    await page.get_by_role("button", name="Search", exact=True).click()
+    await page.locator("#status").get_by_text("found", exact=False).wait_for()
+    assert "N-11" not in await page.locator("#search-results").inner_text()
+    # nor does an address naming alice's conversation id
+    await page.goto(f"{demo.url}/memory#conversation/alice-2026-10-08-capacity-check")
+    await page.get_by_text("That conversation is not stored").wait_for()
+    assert "N-11" not in await page.locator("main").inner_text()
+
+
+async def test_markup_in_a_turn_is_shown_as_text_and_never_runs(demo: Server, page: Page) -> None:
+    # given a turn holding a script tag and an image with an onerror handler
+    await sign_in(page, demo, "alice")
+    # when alice lists and opens that conversation
+    assert (await conversation_titles(page))[0] == f"Paste test: {MARKUP}"
+    await page.get_by_role("link", name="Paste test").click()
+    first = page.locator("#turn-list > li").first
+    await first.wait_for()
+    # then the literal text is what she sees, no element came of it, and nothing ran
+    assert await first.locator(".text").inner_text() == f"Paste test: {MARKUP}"
+    assert await page.locator("main img, main script").count() == 0
+    assert await page.evaluate("typeof window.pwned") == "undefined"
+    # and the same holds for a search result that shows it
+    await page.get_by_role("link", name="Search", exact=True).click()
+    await page.get_by_label("Search your conversations").fill("paste test onerror")
+    await page.get_by_role("button", name="Search", exact=True).click()
+    await page.locator("#search-results li").first.wait_for()
+    assert MARKUP.split(" and ")[1] in await page.locator("#search-results").inner_text()
+    assert await page.locator("main img, main script").count() == 0
+    assert await page.evaluate("typeof window.pwned") == "undefined"
+
+
+async def test_the_page_works_from_the_keyboard_and_fits_a_phone(demo: Server, page: Page) -> None:
+    await page.goto(f"{demo.url}/memory")
+    # Tab past the skip link to the token field, type, Enter
+    await page.keyboard.press("Tab")
+    await page.keyboard.press("Tab")
+    assert await page.evaluate("document.activeElement.id") == "token"
+    await page.keyboard.type(demo.tokens["bob"])
+    await page.keyboard.press("Enter")
+    await page.locator("#conversation-list li").first.wait_for()
+    # focus moved to the view's heading; the next Tab reaches the first conversation's link
+    assert await page.evaluate("document.activeElement.id") == "conversations-title"
+    await page.keyboard.press("Tab")
+    assert await page.evaluate("document.activeElement.tagName") == "A"
+    await page.keyboard.press("Enter")
+    await page.locator("#turn-list li").first.wait_for()
+    # the forget button is next; Escape closes its dialog and forgets nothing
+    await page.keyboard.press("Tab")
+    assert await page.evaluate("document.activeElement.id") == "forget-button"
+    await page.keyboard.press("Enter")
+    assert await page.get_by_role("dialog").is_visible()
+    await page.keyboard.press("Escape")
+    assert not await page.get_by_role("dialog").is_visible()
+    assert "P-7" in await demo.recall("bob", "P-7 motor bearing")
+    # nothing is wider than the phone's screen
+    assert await page.evaluate(
+        "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+    )
