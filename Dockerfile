@@ -48,6 +48,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# A virtual environment: Debian's own python3 (a stand-in base built with debootstrap, see
+# tests/container/smoke.sh) refuses a system-wide pip install (PEP 668), and a venv behaves the
+# same on python:3.12-slim. On PATH first, so `python` and `recall-server` are the venv's.
+ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+RUN python3 -m venv /opt/venv
+
+# Where pip finds packages on networks with a PyPI mirror, and its timeout (unset: pip's own
+# defaults). Build arguments, not ENV, so they stay out of the image; never put credentials in
+# them (a RUN's build arguments are recorded in the image history).
+ARG PIP_INDEX_URL
+ARG PIP_DEFAULT_TIMEOUT
+
 WORKDIR /app
 COPY pyproject.toml README.md recall_server.py ./
 COPY recall ./recall
@@ -72,7 +84,7 @@ ENV HF_HUB_OFFLINE=1 \
 
 USER 10001:10001
 EXPOSE 8000
-# slim has no curl: probe with the Python that is already there. urlopen raises on non-2xx.
+# slim has no curl: probe with the venv's Python that is already there. urlopen raises on non-2xx.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('PORT', '8000'), timeout=4)"]
 CMD ["recall-server"]

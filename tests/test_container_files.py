@@ -55,9 +55,10 @@ SERVER_SETTINGS = frozenset(
         "ALLOWED_HOSTS",
     ]
 )
-# Read by Python, pip or the Hugging Face client inside funes, not by the server.
+# Read by Python, pip, the shell or the Hugging Face client inside funes, not by the server.
 RUNTIME_ENV = frozenset(
     {
+        "PATH",  # the image's virtual environment first
         "PYTHONDONTWRITEBYTECODE",
         "PYTHONUNBUFFERED",
         "PIP_DISABLE_PIP_VERSION_CHECK",
@@ -253,6 +254,18 @@ def test_every_copied_source_exists_and_reaches_the_build_context() -> None:
 def test_project_is_installed_from_pyproject() -> None:
     runs = " ".join(stage("base").all("RUN"))
     assert "pip install --no-cache-dir ." in runs
+
+
+def test_the_project_goes_into_a_venv_first_on_path_so_debians_python3_can_build_it() -> None:
+    # Debian's python3 (the stand-in base of tests/container/smoke.sh) refuses a system-wide
+    # pip install (PEP 668) and has no `python` for the HEALTHCHECK: the venv's is both.
+    runs = stage("base").all("RUN")
+    created = next(i for i, run in enumerate(runs) if "python3 -m venv /opt/venv" in run)
+    installed = next(i for i, run in enumerate(runs) if "pip install" in run)
+    assert created < installed
+    assert env_of([stage("base")])["PATH"].split(":")[0] == "/opt/venv/bin"
+    for target in ("embedded", "funes"):
+        assert env_of(lineage(target))["PATH"].startswith("/opt/venv/bin:")
 
 
 def test_start_command_is_the_projects_console_script() -> None:
