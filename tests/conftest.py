@@ -19,6 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 FAKE_FUNES = Path(__file__).resolve().parent / "fake_funes.py"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Marked, not skipped: `pytest -q` runs them; `-m "not slow"` is a quicker local loop.
+    config.addinivalue_line("markers", "slow: a long test (tens of seconds); runs by default")
+
+
 @dataclass
 class FakeFunes:
     """The funes stand-in installed as an executable in its own folder."""
