@@ -94,7 +94,8 @@ def funes_server(tmp_path: Path, fake_funes: FakeFunes) -> Iterator[Server]:
     server.stop()
 
 
-def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> None:
+def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> None:
+    # A ceiling, not a measurement: generous, so a loaded machine cannot fail a test by it
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -210,7 +210,7 @@ def test_startup_catches_up_many_stale_users_within_the_bound(
 
 def indexed(server: Server, user: str) -> None:
     post(server, user, f"{user}-chat")
-    server.wait_indexed(user, timeout=20)
+    server.wait_indexed(user, timeout=60)
     assert (server.home(user) / "memory" / "chunks.json").exists()
 
 
