@@ -55,6 +55,7 @@ from recall.conversations import (
     InvalidConversation,
     parse_audit_request,
     parse_conversation,
+    remove_leftovers,
     source_files,
     user_dir_name,
     write_conversation,
@@ -193,8 +194,10 @@ def create_app(settings: Settings) -> Starlette:
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
         # Catch up on whatever changed while we were down, and rebuild any index that is gone
-        # or unreadable: a restart or a crash loses nothing.
+        # or unreadable: a restart or a crash loses nothing, and leaves nothing half-written.
         for user_home in user_homes(data_dir):
+            if removed := remove_leftovers(user_home):
+                log.info("user %s: removed %d files of cut-off writes", user_home.name, removed)
             if index_stale(engine, user_home):
                 scheduler.schedule(user_home)
         log.info("serving with the %s engine, data in %s", engine.name, data_dir)

@@ -292,19 +292,20 @@ def _turn_identity(line: Any) -> tuple[Any, ...] | None:
 
 
 @contextlib.contextmanager
-def conversation_lock(home: Path, conversation_id: str) -> Iterator[None]:
+def conversation_lock(home: Path, conversation_id: str, wait: bool = True) -> Iterator[None]:
     """Hold the write lock of one conversation, across threads and processes.
 
     An flock (per open file, so threads of one process exclude each other too, unlike POSIX
     record locks) on src/.<conversation_id>.lock, which needs src to exist. The holder removes
     the file before releasing it, so no lock files pile up; a waiter that then gets the lock of
     the removed file sees that the path no longer leads to it and locks the new one instead.
+    With ``wait=False``, BlockingIOError when another writer holds it.
     """
     path = home / "src" / f".{conversation_id}.lock"
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             if _is_open_file(fd, path):
                 break
         except BaseException:
@@ -316,6 +317,34 @@ def conversation_lock(home: Path, conversation_id: str) -> Iterator[None]:
     finally:
         path.unlink(missing_ok=True)  # while still locked: see the docstring
         os.close(fd)
+
+
+def remove_leftovers(home: Path) -> int:
+    """Remove what writers killed mid-write left in src (their temporary and lock files), so
+    that only conversations remain where the engines read; returns how many files went.
+
+    Each conversation's leftovers go under its lock, so a live writer's (the backfill command
+    in another process) are left alone: its lock is held, or its temporary file is its own.
+    """
+    src = home / "src"
+    leftovers: dict[str, list[Path]] = {}
+    for path in src.glob(".*") if src.is_dir() else []:
+        if path.suffix in (".tmp", ".lock"):  # .<conversation_id>[.<rand>].tmp|lock
+            leftovers.setdefault(path.name[1:].split(".", 1)[0], []).append(path)
+    removed = 0
+    for conversation_id, paths in leftovers.items():
+        try:
+            # Taking the lock replaces a stale lock file, and releasing it removes the file.
+            with conversation_lock(home, conversation_id, wait=False):
+                for path in paths:
+                    if path.suffix == ".tmp":
+                        path.unlink(missing_ok=True)
+        except BlockingIOError:
+            continue  # a writer is at work on it: its own finally removes its temporary file
+        removed += len(paths)
+    if removed:
+        fsync_dir(src)
+    return removed
 
 
 def _is_open_file(fd: int, path: Path) -> bool:

@@ -19,6 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 FAKE_FUNES = Path(__file__).resolve().parent / "fake_funes.py"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Marked, not skipped: `pytest -q` runs them; `-m "not slow"` is a quicker local loop.
+    config.addinivalue_line("markers", "slow: a long test (tens of seconds); runs by default")
+
+
 @dataclass
 class FakeFunes:
     """The funes stand-in installed as an executable in its own folder."""
@@ -89,7 +94,8 @@ def funes_server(tmp_path: Path, fake_funes: FakeFunes) -> Iterator[Server]:
     server.stop()
 
 
-def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> None:
+def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> None:
+    # A ceiling, not a measurement: generous, so a loaded machine cannot fail a test by it
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

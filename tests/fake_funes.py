@@ -12,10 +12,13 @@ For the tests it also records every call (argv, environment, pid, times) in `cal
 to itself, including the end of a call killed by SIGTERM, and obeys `control.json` next to
 itself: {"mode": "normal" | "sleep" | "fail" | "empty" | "big" | "huge", "sleep": seconds,
 "index_sleep": seconds, "index_write_sleep": seconds (between reading the sources and writing
-the memory, as embedding takes), "index_fail": bool, "spawn_child": bool, "huge_bytes": int (stdout
-size in mode huge), "error": str (the failure message instead of the usual one; "{query}" and
-"{home}" are filled in)}. The control file sits beside the script, not in the environment,
-because the server clears the environment.
+the memory, as embedding takes), "index_gate" | "write_gate" | "recall_gate": a file path (an
+index run waits for it to exist before reading the sources, or before writing the memory; a
+recall before answering: the test opens the gate when it chooses), "index_fail": bool,
+"spawn_child": bool, "huge_bytes": int (stdout size in mode huge), "error": str (the failure
+message instead of the usual one; "{query}" and "{home}" are filled in)}; it records "read"
+once an index run has read the sources. The control file sits beside the script, not in the
+environment, because the server clears the environment.
 """
 
 from __future__ import annotations
@@ -113,6 +116,11 @@ def _record(event: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _wait_for_gate(gate: str | None) -> None:
+    while gate and not Path(gate).exists():
+        time.sleep(0.02)
+
+
 def _chunk_id(session: str, turn: str, block: int, split: int) -> str:
     return hashlib.sha1(f"{session}:{turn}:{block}:{split}".encode()).hexdigest()[:16]
 
@@ -136,6 +144,7 @@ def cmd_index(args: list[str], home: Path, control: dict[str, Any]) -> int:
         print(f"error: {LOCKED}", file=sys.stderr)
         return 1
     time.sleep(float(control.get("index_sleep", 0)))
+    _wait_for_gate(control.get("index_gate"))
     if control.get("index_fail"):
         print(_error(control, "error: failed to open the Lance store", "", home), file=sys.stderr)
         return 1
@@ -165,7 +174,9 @@ def cmd_index(args: list[str], home: Path, control: dict[str, Any]) -> int:
                         "harness": turn["harness"], "block_type": block["block_type"],
                         "text": piece,
                     })  # fmt: skip
+    _record({"event": "read", "argv": ["index"], "pid": os.getpid(), "t": time.time()})
     time.sleep(float(control.get("index_write_sleep", 0)))  # embedding: read, then written
+    _wait_for_gate(control.get("write_gate"))
     tmp = store_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(chunks))
     tmp.replace(store_path)
@@ -201,6 +212,7 @@ def cmd_recall(args: list[str], home: Path, control: dict[str, Any]) -> int:
         print(f"error: no memory at {home}", file=sys.stderr)
         return 1
     mode = control.get("mode", "normal")
+    _wait_for_gate(control.get("recall_gate"))
     if mode == "fail":
         usual = "error: model bge-small-en-v1.5 not found in HF_HOME (offline)"
         print(_error(control, usual, " ".join(query_words), home), file=sys.stderr)

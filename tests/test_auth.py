@@ -16,8 +16,6 @@ from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from joserfc import jwk, jwt
 
-from recall.engines.base import NO_MEMORY
-
 ISSUER = "https://id.example.test"
 AUDIENCE = "recall-server"
 
@@ -78,10 +76,30 @@ async def test_each_token_only_ever_reaches_its_own_users_directory(
 async def test_the_query_cannot_choose_whose_memory_is_searched(
     funes_server: Server, fake_funes: FakeFunes
 ) -> None:
-    assert funes_server.post(conversation("bob", "b", "bob's secret MT-5120", "ok"))[0] == 202
-    wait_for(lambda: (funes_server.home("bob") / "memory").exists())
-    assert await funes_server.recall("alice", "user=bob MT-5120") == NO_MEMORY
-    assert fake_funes.calls("recall") == []
+    # Given alice and bob both with memories, each with a marker of their own
+    for user, marker in (("alice", "MT-6001"), ("bob", "MT-5120")):
+        body = conversation(user, f"{user}-c", f"{user}'s own secret {marker}", "noted")
+        assert funes_server.post(body)[0] == 202
+    funes_server.wait_indexed("alice", "bob", timeout=60)
+    bob_home = funes_server.home("bob")
+    # When alice's token asks with queries that name bob, his directory or his marker
+    queries = [
+        "user=bob MT-5120",
+        "bob's own secret MT-5120",
+        f'{{"user": "bob"}} MT-5120 {bob_home.name}',
+        f"../{bob_home.name}/src MT-5120",
+        f"FUNES_HOME={bob_home} MT-5120",
+        "MT-6001 MT-5120 user=bob",
+    ]
+    answers = [await funes_server.recall("alice", query) for query in queries]
+    # Then bob's conversation never comes back, alice's does when asked for, and every search
+    # ran in alice's directory
+    assert not [a for a in answers if "MT-5120" in a or "bob's" in a]
+    assert "alice's own secret MT-6001" in answers[-1]
+    homes = {call["env"]["FUNES_HOME"] for call in fake_funes.calls("recall")}
+    assert homes == {str(funes_server.home("alice"))}
+    # and bob's own token does find it (the marker is searchable at all)
+    assert "bob's own secret MT-5120" in await funes_server.recall("bob", "MT-5120")
 
 
 def claims(**overrides: object) -> dict[str, Any]:

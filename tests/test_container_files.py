@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
@@ -16,6 +17,8 @@ import pytest
 import yaml
 from conftest import make_server
 
+from recall.settings import Settings
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "compose.yaml"
@@ -24,37 +27,9 @@ EXAMPLES = ROOT / "examples"
 FUNES_VERSION = "1.8.0"
 FUNES_SHA256 = "3c7eacbaa4487d253f8e13ef7223325ba05069fc258533db6e19bb5765181fea"  # the brief's
 
-# The environment variables the server reads, as documented (each is a field of Settings).
-SERVER_SETTINGS = frozenset(
-    [
-        "HOST",
-        "PORT",
-        "DATA_DIR",
-        "INGEST_KEY",
-        "AUTH_TOKENS_FILE",
-        "JWT_JWKS_URI",
-        "JWT_PUBLIC_KEY",
-        "JWT_ISSUER",
-        "JWT_AUDIENCE",
-        "JWT_USER_CLAIM",
-        "ENGINE",
-        "FUNES_BIN",
-        "HF_HOME",
-        "RECALL_K",
-        "RECALL_CANDIDATES",
-        "RECALL_TIMEOUT",
-        "RECALL_CONCURRENCY",
-        "MAX_RESULT_CHARS",
-        "INDEX_DEBOUNCE",
-        "INDEX_TIMEOUT",
-        "RECALL_HALF_LIFE_DAYS",
-        "EMBED_MODEL_DIR",
-        "EMBED_POOLING",
-        "MAX_BODY_BYTES",
-        "LOG_LEVEL",
-        "ALLOWED_HOSTS",
-    ]
-)
+# The environment variables the server reads: one per field of its settings model, by the
+# field's name (test_the_settings_model_reads_each_field_from_its_own_name keeps that true).
+SERVER_SETTINGS = frozenset(name.upper() for name in Settings.model_fields)
 # Read by Python, pip, the shell or the Hugging Face client inside funes, not by the server.
 RUNTIME_ENV = frozenset(
     {
@@ -208,8 +183,6 @@ def test_each_target_is_offline_and_keeps_memories_in_data(target: str) -> None:
 
 @pytest.mark.parametrize("target", ["embedded", "funes"])
 def test_each_target_names_the_hosts_it_serves_as_it_listens_off_loopback(target: str) -> None:
-    from recall.settings import Settings
-
     env = env_of(lineage(target))
     settings = Settings(host=env["HOST"], allowed_hosts=env.get("ALLOWED_HOSTS", ""))
     assert settings.host_allowlist(), "the server would refuse to start"
@@ -283,11 +256,24 @@ def test_dockerfile_sets_only_variables_someone_reads() -> None:
         assert not unknown, f"{target}: no one reads {sorted(unknown)}"
 
 
-def test_documented_settings_are_the_servers_settings() -> None:
-    from recall.settings import Settings
+def test_the_settings_model_reads_each_field_from_its_own_name() -> None:
+    # No prefix and no alias: the variable for a field is its name in capitals, so the names
+    # derived above are exactly what the server reads
+    assert not Settings.model_config.get("env_prefix")
+    for name, info in Settings.model_fields.items():
+        assert info.alias is None and info.validation_alias is None, name
 
-    fields = {name.upper() for name in Settings.model_fields}
-    assert fields >= SERVER_SETTINGS, sorted(SERVER_SETTINGS - fields)
+
+def test_help_lists_exactly_the_settings_the_server_reads() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "recall_server.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    listed = re.findall(r"^  ([A-Z][A-Z0-9_]+)[= ]", done.stdout, re.MULTILINE)
+    assert done.returncode == 0 and sorted(listed) == sorted(SERVER_SETTINGS)
 
 
 # --- compose.yaml --------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ functions, runs index runs and recalls, and reads the text the agent would read.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -391,12 +392,37 @@ async def test_a_long_turn_is_split_and_its_middle_is_found(
 # -- robustness ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("query", FTS_SYNTAX)
+def rare_word(n: int) -> str:
+    """A word that no other turn has, and that no stemmer merges with another: 7 -> zkaahq."""
+    return "zk" + "".join("abcdefghij"[int(digit)] for digit in f"{n:03d}") + "q"
+
+
+def syntax_turn(n: int) -> str:
+    """A turn that holds FTS_SYNTAX[n] literally, next to a rare word."""
+    return f"In the search box she typed {FTS_SYNTAX[n]} {rare_word(n)} by mistake."
+
+
+@pytest.fixture(scope="module")
+def syntax_memory(embedder: OnnxEmbedder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared corpus plus one conversation per FTS_SYNTAX string, holding it literally."""
+    home = tmp_path_factory.mktemp("syntax") / "user"
+    for cid, (start, turns) in CORPUS.items():
+        post(home, cid, start, turns)
+    for n in range(len(FTS_SYNTAX)):
+        post(home, f"c-syntax-{n}", "2026-03-25T10:00:00Z", [("user", syntax_turn(n))])
+    asyncio.run(EmbeddedEngine(embedder).index(home))
+    return home
+
+
+@pytest.mark.parametrize("n", range(len(FTS_SYNTAX)), ids=FTS_SYNTAX)
 async def test_fts_syntax_in_a_query_is_plain_text(
-    engine: EmbeddedEngine, memory: Path, query: str
+    engine: EmbeddedEngine, syntax_memory: Path, n: int
 ) -> None:
-    output = await engine.recall(memory, query)
-    assert isinstance(output, str)
+    # Given a turn that holds FTS5 operator characters literally, next to a rare word
+    # When the query is those characters and that word, as FTS5 would read an operator
+    output = await engine.recall(syntax_memory, f"{FTS_SYNTAX[n]} {rare_word(n)}")
+    # Then the search is for the words in it: that turn comes first, as written
+    assert hits(output) and syntax_turn(n) in hits(output)[0]
 
 
 def test_the_fts_query_is_only_quoted_words() -> None:
@@ -438,18 +464,27 @@ async def test_a_corrupt_db_fails_recall_and_is_rebuilt_by_the_next_index_run(
 async def test_index_and_recall_for_one_user_can_overlap(
     engine: EmbeddedEngine, indexed: Path
 ) -> None:
-    # Given new conversations waiting for an index run
-    for n in range(30):
-        post(indexed, f"c-extra-{n}", "2026-04-01T00:00:00Z", [("user", f"Extra note {n}.")] * 2)
-    # When the run and a stream of recalls happen together
-    queries = ["MT-4471", "standup", "K-2", "note 7", "rollback"] * 4
-    results = await asyncio.gather(
-        engine.index(indexed), *(engine.recall(indexed, q) for q in queries)
-    )
-    # Then every recall about what was already indexed answered (one about the new text may
-    # find nothing yet), and afterwards the new text is searchable
-    answers = dict(zip(queries, results[1:], strict=False))
-    assert all(answers[q] for q in queries if q != "note 7")
+    # Given new conversations waiting for an index run, enough that it takes a while
+    filler = "The weekly sync went over budgets, hiring plans and the office move again. " * 3
+    for n in range(20):
+        turns = [("user", f"Extra note {n}. {filler}"), ("assistant", f"Noted {n}. {filler}")]
+        post(indexed, f"c-extra-{n}", "2026-04-01T00:00:00Z", turns)
+    # When that run starts, and recalls are made one after another until it is over
+    run = asyncio.create_task(engine.index(indexed))
+    await asyncio.sleep(0)  # the run is handed to its thread
+    queries = itertools.cycle(["MT-4471", "standup", "K-2", "rollback"])
+    during: dict[str, str] = {}  # recalls that began and ended while the run went on
+    while not run.done():
+        query = next(queries)
+        answer = await engine.recall(indexed, query)
+        if not run.done():
+            during[query] = answer
+    await run
+    # Then recalls were answered during the run, from what was indexed before it
+    assert during, "no recall began and ended while the index run went on"
+    assert all(answer for answer in during.values())
+    assert "MT-4471" in during.get("MT-4471", "MT-4471")
+    # and afterwards the new text is searchable
     assert "Extra note 7." in await engine.recall(indexed, "extra note 7")
 
 

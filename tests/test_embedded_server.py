@@ -56,7 +56,7 @@ def indexing(server: Server) -> bool:
     return any(needs_index(server.home(user), "embedded") for user in USERS)
 
 
-async def test_posts_for_eight_users_answer_within_a_second_while_they_index(
+async def test_posts_for_eight_users_answer_without_waiting_for_their_index_runs(
     server: Server,
 ) -> None:
     # Given alice searchable, then eight users' long histories arriving, so that index runs
@@ -73,9 +73,12 @@ async def test_posts_for_eight_users_answer_within_a_second_while_they_index(
         await asyncio.sleep(0.3)
     still_indexing = indexing(server)
     answer = await server.recall("alice", "MT-4471 owner")
-    # Then every post answered within a second, and a recall during the runs answered too
+    # Then every post answered in a moment, and a recall during the runs answered too
     assert still_indexing, "the index runs ended before the posts: the test proved nothing"
-    assert max(took) < 1.0, f"slowest post took {max(took):.2f}s"
+    # A post that waited for a thread behind an index run would wait for that whole run (tens of
+    # seconds for 40 long turns, and the runs outlasted the posts); 5 s leaves room for a loaded
+    # machine, where a post alone takes up to a few tenths.
+    assert max(took) < 5.0, f"slowest post took {max(took):.2f}s"
     assert "Priya" in answer
     server.wait_indexed(*USERS)
 

@@ -28,11 +28,23 @@ def runs(funes: FakeFunes) -> list[dict[str, Any]]:
     ]
 
 
-def settle(funes: FakeFunes, expected: int, quiet: float = 1.5) -> list[dict[str, Any]]:
-    """Wait for `expected` finished runs, then make sure no further one starts."""
-    wait_for(lambda: len(runs(funes)) >= expected, timeout=20)
-    time.sleep(quiet)
+def settle(funes: FakeFunes, expected: int, debounce: float) -> list[dict[str, Any]]:
+    """Wait for `expected` finished runs, then long enough for one more to show, and for every
+    run that started to finish. A run due after the last one starts `debounce` seconds after it
+    ended, and the stand-in records its start at once; the longest run so far, plus a second,
+    covers a process that is slow to start on a loaded machine."""
+    wait_for(lambda: len(runs(funes)) >= expected, timeout=60)
+    longest = max(r["end"] - r["start"] for r in runs(funes))
+    time.sleep(debounce + longest + 1.0)
+    wait_for(lambda: len(runs(funes)) == len(funes.calls("index")), timeout=60)
     return runs(funes)
+
+
+def gated(funes: FakeFunes, tmp_path: Path) -> Path:
+    """Hold every index run before it reads the sources until the returned path exists."""
+    gate = tmp_path / "index-gate"
+    funes.control(index_gate=str(gate))
+    return gate
 
 
 def most_at_once(done: list[dict[str, Any]]) -> int:
@@ -43,6 +55,13 @@ def most_at_once(done: list[dict[str, Any]]) -> int:
         running += step
         most = max(most, running)
     return most
+
+
+def held_two(funes: FakeFunes) -> None:
+    """Two index runs start, and no third while they are held at the gate."""
+    wait_for(lambda: len(funes.calls("index")) == 2, timeout=30)
+    time.sleep(1.0)  # time for a third to start, were the bound not kept
+    assert len(funes.calls("index")) == 2
 
 
 def post(server: Server, user: str, cid: str, n: int = 2) -> None:
@@ -58,28 +77,32 @@ def test_a_burst_of_twenty_posts_gives_one_index_run(tmp_path: Path, fake_funes:
     with start(tmp_path, fake_funes, INDEX_DEBOUNCE="1.5") as server:
         for i in range(20):
             post(server, "alice", "burst", n=i + 1)  # the gateway re-posts after every turn
-        assert len(settle(fake_funes, 1)) == 1
+        assert len(settle(fake_funes, 1, debounce=1.5)) == 1
 
 
 def test_a_post_during_a_run_earns_exactly_one_more(tmp_path: Path, fake_funes: FakeFunes) -> None:
-    fake_funes.control(index_sleep=1.5)
+    gate = gated(fake_funes, tmp_path)
     with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.2") as server:
         post(server, "alice", "first")
         wait_for(lambda: len(fake_funes.calls("index")) == 1)
         for i in range(5):
-            post(server, "alice", f"during-{i}")  # all while the first run is going on
-        done = settle(fake_funes, 2, quiet=2.5)
+            post(server, "alice", f"during-{i}")  # all while the first run is held
+        gate.touch()
+        done = settle(fake_funes, 2, debounce=0.2)
         assert len(done) == 2
         first, second = sorted(done, key=lambda r: r["start"])
         assert second["start"] >= first["end"]  # never two runs for one user at once
 
 
 def test_two_users_index_in_parallel(tmp_path: Path, fake_funes: FakeFunes) -> None:
-    fake_funes.control(index_sleep=1.5)
+    gate = gated(fake_funes, tmp_path)
     with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1") as server:
         post(server, "alice", "a1")
         post(server, "bob", "b1")
-        alice, bob = sorted(settle(fake_funes, 2, quiet=0.5), key=lambda r: r["home"])
+        # both runs start while neither can finish
+        wait_for(lambda: len(fake_funes.calls("index")) == 2, timeout=30)
+        gate.touch()
+        alice, bob = sorted(settle(fake_funes, 2, debounce=0.1), key=lambda r: r["home"])
         assert alice["home"] != bob["home"]
         assert alice["start"] < bob["end"] and bob["start"] < alice["end"]  # overlapping runs
 
@@ -93,13 +116,13 @@ def test_restart_indexes_what_changed_and_only_that(tmp_path: Path, fake_funes: 
 
     server.env["INDEX_DEBOUNCE"] = "0.1"
     with server.start():
-        homes = {r["home"] for r in settle(fake_funes, 2)}
+        homes = {r["home"] for r in settle(fake_funes, 2, debounce=0.1)}
         assert homes == {str(server.home("alice")), str(server.home("bob"))}
 
     # Nothing changed since: a second restart runs nothing; a file changed behind our back does.
     (server.home("bob") / "src" / "bob-chat.funes.jsonl").touch()
     with server.start():
-        done = settle(fake_funes, 3)
+        done = settle(fake_funes, 3, debounce=0.1)
         assert len(done) == 3 and done[-1]["home"] == str(server.home("bob"))
 
 
@@ -125,14 +148,17 @@ USERS = [f"user-{n:02d}" for n in range(12)]
 def test_twelve_users_posting_at_once_get_at_most_two_index_runs_at_a_time(
     tmp_path: Path, fake_funes: FakeFunes
 ) -> None:
-    # Given slow index runs and the default INDEX_CONCURRENCY of 2
-    fake_funes.control(index_sleep=0.6)
+    # Given index runs held until the test lets them go, and the default INDEX_CONCURRENCY of 2
+    gate = gated(fake_funes, tmp_path)
     with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.1") as server:
         # When twelve users post at once
         with ThreadPoolExecutor(len(USERS)) as posting:
             list(posting.map(lambda user: post(server, user, f"{user}-chat"), USERS))
-        done = settle(fake_funes, len(USERS), quiet=1.0)
-        # Then every user was indexed once, never more than two at a time, and two did overlap
+        # Then two runs start and no third while they are held
+        held_two(fake_funes)
+        gate.touch()
+        done = settle(fake_funes, len(USERS), debounce=0.1)
+        # and every user was indexed once, never more than two at a time, and two did overlap
         assert sorted(r["home"] for r in done) == sorted(str(server.home(u)) for u in USERS)
         assert most_at_once(done) == 2
 
@@ -140,9 +166,9 @@ def test_twelve_users_posting_at_once_get_at_most_two_index_runs_at_a_time(
 def test_a_user_who_keeps_posting_waits_behind_users_who_became_due_before_her(
     tmp_path: Path, fake_funes: FakeFunes
 ) -> None:
-    fake_funes.control(index_sleep=1.0)
+    gate = gated(fake_funes, tmp_path)
     with start(tmp_path, fake_funes, INDEX_DEBOUNCE="0.2", INDEX_CONCURRENCY="1") as server:
-        # Given alice's run going on
+        # Given alice's run going on (held)
         post(server, "alice", "a1")
         wait_for(lambda: len(fake_funes.calls("index")) == 1)
         # When three others post, then alice posts again and again during her run
@@ -150,7 +176,9 @@ def test_a_user_who_keeps_posting_waits_behind_users_who_became_due_before_her(
             post(server, user, f"{user}-1")
         for i in range(4):
             post(server, "alice", f"a-more-{i}")
-        done = sorted(settle(fake_funes, 5, quiet=1.5), key=lambda r: r["start"])
+        time.sleep(1.0)  # the others' debounce (0.2 s) ends: they wait for the one run slot
+        gate.touch()
+        done = sorted(settle(fake_funes, 5, debounce=0.2), key=lambda r: r["start"])
         # Then the others run in the order they became due, and alice once more, last
         order = ["alice", "bob", "carol", "dave", "alice"]
         assert [r["home"] for r in done] == [str(server.home(u)) for u in order]
@@ -165,11 +193,13 @@ def test_startup_catches_up_many_stale_users_within_the_bound(
         for user in USERS:
             post(server, user, f"{user}-chat")
     assert fake_funes.calls("index") == []
-    # When the server starts again with slow index runs
-    fake_funes.control(index_sleep=0.6)
+    # When the server starts again with its index runs held until the test lets them go
+    gate = gated(fake_funes, tmp_path)
     server.env["INDEX_DEBOUNCE"] = "0.1"
     with server.start():
-        done = settle(fake_funes, len(USERS), quiet=1.0)
+        held_two(fake_funes)
+        gate.touch()
+        done = settle(fake_funes, len(USERS), debounce=0.1)
     # Then all are caught up, never more than two at a time
     assert sorted(r["home"] for r in done) == sorted(str(server.home(u)) for u in USERS)
     assert most_at_once(done) == 2
@@ -180,7 +210,7 @@ def test_startup_catches_up_many_stale_users_within_the_bound(
 
 def indexed(server: Server, user: str) -> None:
     post(server, user, f"{user}-chat")
-    server.wait_indexed(user, timeout=20)
+    server.wait_indexed(user, timeout=60)
     assert (server.home(user) / "memory" / "chunks.json").exists()
 
 
@@ -225,6 +255,6 @@ def test_a_funes_memory_deleted_while_stopped_is_rebuilt_at_startup(
     # When the server starts
     with server.start():
         # Then her index is rebuilt with no post and no recall, and only hers
-        done = settle(fake_funes, 3)
+        done = settle(fake_funes, 3, debounce=0.1)
     assert len(done) == 3 and done[-1]["home"] == str(server.home("alice"))
     assert (server.home("alice") / "memory" / "chunks.json").exists()

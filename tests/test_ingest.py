@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import random
 import secrets
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server, conversation, install_fake_funes, make_server, tree, turn
+from conftest import FakeFunes, Server, conversation, install_fake_funes, make_server, tree, turn
 from fake_funes import validate_file
+from starlette.testclient import TestClient
 
+import recall_server
 from recall.conversations import (
     Conversation,
     InvalidConversation,
@@ -24,6 +27,7 @@ from recall.conversations import (
     parse_conversation,
     write_conversation,
 )
+from recall.settings import Settings
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +82,51 @@ def test_post_with_right_key_is_stored_and_acknowledged(server: Server) -> None:
     assert source(server, "alice", "rightkey").exists()
 
 
-def test_key_is_compared_in_constant_time() -> None:
-    # The route uses hmac.compare_digest; a == compare would leak the key's prefix by timing.
-    text = (Path(__file__).parent.parent / "recall_server.py").read_text()
-    assert "hmac.compare_digest(provided, ingest_key)" in text
+def test_key_is_compared_in_constant_time(
+    tmp_path: Path, fake_funes: FakeFunes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A == compare would leak how much of the key's start a guess got right, by its timing:
+    # every decision must be hmac.compare_digest's, on the whole key.
+    key = secrets.token_hex(16)
+    settings = Settings(
+        ingest_key=key,
+        auth_tokens_file=tmp_path / "tokens.json",
+        engine="funes",
+        funes_bin=str(fake_funes.path),
+        data_dir=tmp_path / "data",
+        index_debounce=60,  # no index run: only the route is under test
+    )
+    (tmp_path / "tokens.json").write_text("{}")
+    compared: list[tuple[bytes, bytes]] = []
+    compare_digest = hmac.compare_digest
+
+    def watched(provided: bytes, expected: bytes) -> bool:
+        compared.append((provided, expected))
+        return compare_digest(provided, expected)
+
+    # Given the app in this process, its key comparison watched
+    monkeypatch.setattr(recall_server.hmac, "compare_digest", watched)
+    wrong = [secrets.token_hex(16), key[:-1] + "x", key[:8], key + "x", ""]
+    with TestClient(recall_server.create_app(settings)) as client:
+
+        def status(sent: str) -> int:
+            headers = {"x-ingest-key": sent}
+            return client.post("/turns", json=good("timing"), headers=headers).status_code
+
+        # When wrong keys (of the same length, sharing its start, cut, extended, empty) and then
+        # the right one are sent
+        answers = [status(guess) for guess in wrong]
+        right = status(key)
+    # Then each wrong key is refused and the right one accepted
+    assert answers == [401] * len(wrong) and right == 202
+    # and every one was decided by compare_digest against the whole configured key
+    assert compared == [(sent.encode(), key.encode()) for sent in [*wrong, key]]
+
+    # And when compare_digest says "equal", a wrong key is let in: it alone decides
+    monkeypatch.setattr(recall_server.hmac, "compare_digest", lambda *_: True)
+    with TestClient(recall_server.create_app(settings)) as client:
+        headers = {"x-ingest-key": wrong[0]}
+        assert client.post("/turns", json=good("timing"), headers=headers).status_code == 202
 
 
 # --- refusals: each a 4xx naming the field, nothing on disk -----------------------------------
@@ -175,19 +220,25 @@ def test_body_over_the_limit_without_content_length_is_refused_while_streaming(
     import http.client
 
     before = tree(server.data_dir)
-    connection = http.client.HTTPConnection("127.0.0.1", int(server.env["PORT"]), timeout=30)
+    # Given a chunked upload, its size never announced, that passes the 64 KiB limit and then
+    # stalls: its last chunk never comes
+    connection = http.client.HTTPConnection("127.0.0.1", int(server.env["PORT"]), timeout=90)
     connection.putrequest("POST", "/turns")
     connection.putheader("x-ingest-key", server.ingest_key)
     connection.putheader("transfer-encoding", "chunked")
     connection.endheaders()
     chunk = b"z" * 16384
     try:
-        for _ in range(8):  # 128 KiB in chunks, never announced up front
+        for _ in range(5):  # 80 KiB
             connection.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        connection.send(b"0\r\n\r\n")
     except (BrokenPipeError, ConnectionResetError):
         pass  # the server may answer and close before we finish sending
-    assert connection.getresponse().status == 413
+    # When the server answers, while the body is still unfinished
+    status = connection.getresponse().status
+    connection.close()
+    # Then it is 413: the server counted what arrived; one that waited for the whole body would
+    # have answered 408 when BODY_TIMEOUT (30 s) ran out, since the body never ends
+    assert status == 413
     assert tree(server.data_dir) == before
 
 
