@@ -25,6 +25,9 @@ CHATTER = [
 ]
 
 
+MACHINE_PARTS = ["pump", "valve", "motor", "belt"]
+
+
 @pytest.fixture(scope="module")
 def embedder() -> OnnxEmbedder:
     return load_embedder()
@@ -112,6 +115,28 @@ async def test_a_question_in_other_words_finds_its_fact_past_small_talk_naming_t
 
     # Then the fact is the first passage, though every small-talk turn covers "Ormford" as well
     assert fact in hits(found)[0]
+
+
+async def test_an_identifier_asked_alone_comes_first_among_many_alike(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given forty tickets whose ids differ by a digit, in turns the model finds nearly alike
+    home = tmp_path / "user"
+    for n in range(40):
+        ticket = f"KX-{1000 + n}"
+        turns = [
+            ("user", f"Ticket {ticket}: the {MACHINE_PARTS[n % 4]} on line {n % 5} needs a look."),
+            ("assistant", f"Noted, {ticket} is logged."),
+        ]
+        post(home, f"c{n}", f"2026-03-{1 + n % 28:02d}T09:00:00Z", turns)
+    await EmbeddedEngine(embedder).index(home)
+    engine = EmbeddedEngine(embedder, k=3, candidates=8)
+
+    # When each id is asked for alone
+    firsts = [hits(await engine.recall(home, f"KX-{1000 + n}"))[0] for n in range(40)]
+
+    # Then its own ticket comes first every time: similar ids never outvote the exact one
+    assert [n for n, first in enumerate(firsts) if f"KX-{1000 + n}" not in first] == []
 
 
 async def test_a_query_about_something_never_discussed_finds_nothing(

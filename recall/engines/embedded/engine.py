@@ -263,6 +263,7 @@ class EmbeddedEngine:
             newest=vectors.newest,
             half_life_days=self.half_life_days,
             months=query.months,
+            ids=query.ids,
         )
 
     def _vectors(self, con: sqlite3.Connection, key: str) -> _Vectors:

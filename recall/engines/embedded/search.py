@@ -3,7 +3,7 @@
     query -> lexical leg (BM25, re-ordered by rarity-weighted coverage, then meaning)
           + dense leg (cosine over the matrix)
           -> nothing relevant? (no known identifier, or weak on both legs) -> no hits
-          -> weighted reciprocal rank fusion -> optional recency, month named
+          -> weighted reciprocal rank fusion -> optional recency, month named, ids held
           -> top k hits, never two adjacent turns (the second is the first's neighbour)
 
 The knobs below were measured on the benchmark; their figures are recorded once, in
@@ -55,6 +55,10 @@ MIN_COVERED = 0.34
 # A turn from a month the query names ("in May 2023", "back in January") scores 1 + MONTH_BOOST
 # times as much: it reorders the pool, never filters it (filters lost recall wherever tried).
 MONTH_BOOST = 1.0
+# A turn holding every identifier the query names scores 1 + ID_BOOST times as much: the exact id
+# is the strongest evidence there is, and without it a run of similar ids (KX-1011, KX-1013) that
+# the model finds alike could outvote the one asked for in the fusion.
+ID_BOOST = 1.0
 # With recency on, a hit's score is scaled between RECENCY_FLOOR (very old) and 1 (newest), so
 # recency reorders comparable hits without burying a strong old one under a weak new one.
 RECENCY_FLOOR = 0.5
@@ -192,19 +196,24 @@ def top_hits(
     newest: float,
     half_life_days: float,
     months: Sequence[tuple[int | None, int]] = (),
+    ids: Sequence[str] = (),
 ) -> list[Hit]:
     """The best ``k`` of the fused rows, recency applied when ``half_life_days`` is set, and
-    turns from a month the query names lifted (never filtered)."""
+    turns from a month the query names, or holding every identifier it names (``ids``, joined
+    forms), lifted (never filtered)."""
     if not fused:
         return []
     marks = ",".join("?" * len(fused))
-    hits = [
-        Hit(rowid, conv, seq, ts, epoch, role, text, fused[rowid])
-        for rowid, conv, seq, ts, epoch, role, text in con.execute(
-            f"SELECT id, conv, seq, ts, epoch, role, text FROM chunks WHERE id IN ({marks})",
-            list(fused),
-        )
-    ]
+    asked = set(ids)
+    hits = []
+    for rowid, conv, seq, ts, epoch, role, text, held in con.execute(
+        f"SELECT id, conv, seq, ts, epoch, role, text, ids FROM chunks WHERE id IN ({marks})",
+        list(fused),
+    ):
+        hit = Hit(rowid, conv, seq, ts, epoch, role, text, fused[rowid])
+        if asked and asked <= set(held.split()):
+            hit.score *= 1 + ID_BOOST
+        hits.append(hit)
     if half_life_days > 0:
         for hit in hits:
             hit.score *= recency(max(newest - hit.epoch, 0.0) / 86_400, half_life_days)
