@@ -1,17 +1,19 @@
 """Ranking rules of the embedded engine that the benchmarks measured, each shown on a small real
-history (the real model, real SQLite): rarity-weighted coverage, and "nothing relevant"."""
+history (the real model, real SQLite): rarity-weighted coverage, meaning within the lexical pool,
+and "nothing relevant"."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_embedded_engine import CORPUS, hits, post
 
 from recall.embedder import OnnxEmbedder, load_embedder
 from recall.engines.embedded import EmbeddedEngine, Query, db_path
-from recall.engines.embedded.search import common_floor, lexical, top_hits
+from recall.engines.embedded.search import Lexical, common_floor, lexical, order_pool, top_hits
 from recall.engines.embedded.store import common_stems, connect, doc_counts
 
 # A chat between two people: both names in every turn, as a chat log's speaker labels put them.
@@ -21,6 +23,9 @@ CHATTER = [
     "Caroline: Melanie, did you tell the kids about the class trip?",
     "Melanie: Caroline, I will tell them tonight after their class.",
 ]
+
+
+MACHINE_PARTS = ["pump", "valve", "motor", "belt"]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +65,9 @@ def test_a_rare_word_outweighs_names_and_words_every_turn_carries(chat: Path) ->
         common = common_stems(con, common_floor(passages))
 
         # When the lexical leg ranks its candidates
-        ranked = lexical(con, query, common, candidates=3, passages=passages)
-        first = con.execute("SELECT text FROM chunks WHERE id = ?", (ranked.ids[0],)).fetchone()
+        pool = lexical(con, query, common, candidates=3, passages=passages)
+        best = pool.pool[pool.shares.index(pool.covered)]
+        first = con.execute("SELECT text FROM chunks WHERE id = ?", (best,)).fetchone()
     finally:
         con.close()
 
@@ -69,6 +75,68 @@ def test_a_rare_word_outweighs_names_and_words_every_turn_carries(chat: Path) ->
     # query's words: a word's weight is its rarity in this user's own history
     assert counts["caroline"] > 40 and counts["pottery"] == 1
     assert "pottery" in first[0]
+
+
+def test_the_lexical_pool_puts_the_closer_meaning_first_among_equal_covers() -> None:
+    # Given a pool where rows 1 and 2 cover the same share of the query, row 3 much more
+    pool = Lexical(pool=[1, 2, 3], shares=[0.4, 0.4, 0.9], unknown_ids=False)
+    ids = np.array([1, 2, 3])
+    similarity = np.array([0.2, 0.5, 0.1], dtype=np.float32)
+
+    # When the pool is ordered
+    ranked = order_pool(pool, ids, similarity, candidates=3)
+
+    # Then coverage leads, and between equal covers the row closer in meaning comes first
+    assert ranked == [3, 2, 1]
+
+
+async def test_a_question_in_other_words_finds_its_fact_past_small_talk_naming_the_same_place(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given chats that name Ormford in small talk, and one fact about Ormford in other words
+    home = tmp_path / "user"
+    small_talk = [
+        "Morning from Ormford, quiet start today.",
+        "The weather looks fine for the Ormford run.",
+        "Ormford had a busy weekend, the car park was full.",
+        "Lunch at Ormford was late again.",
+        "Back from Ormford, a few things to go through.",
+        "The coffee machine at Ormford is broken again.",
+    ]
+    for n, text in enumerate(small_talk):
+        post(home, f"talk-{n}", f"2026-03-{10 + n}T09:00:00Z", [("user", text)])
+    fact = "Freya tops up the O2 cylinders at Ormford every week."
+    post(home, "duty", "2026-03-20T09:00:00Z", [("user", fact)])
+    await EmbeddedEngine(embedder).index(home)
+    engine = EmbeddedEngine(embedder, k=3, candidates=8)
+
+    # When the question names the duty by other words, and the place
+    found = await engine.recall(home, "Who handles restocking oxygen at Ormford?")
+
+    # Then the fact is the first passage, though every small-talk turn covers "Ormford" as well
+    assert fact in hits(found)[0]
+
+
+async def test_an_identifier_asked_alone_comes_first_among_many_alike(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given forty tickets whose ids differ by a digit, in turns the model finds nearly alike
+    home = tmp_path / "user"
+    for n in range(40):
+        ticket = f"KX-{1000 + n}"
+        turns = [
+            ("user", f"Ticket {ticket}: the {MACHINE_PARTS[n % 4]} on line {n % 5} needs a look."),
+            ("assistant", f"Noted, {ticket} is logged."),
+        ]
+        post(home, f"c{n}", f"2026-03-{1 + n % 28:02d}T09:00:00Z", turns)
+    await EmbeddedEngine(embedder).index(home)
+    engine = EmbeddedEngine(embedder, k=3, candidates=8)
+
+    # When each id is asked for alone
+    firsts = [hits(await engine.recall(home, f"KX-{1000 + n}"))[0] for n in range(40)]
+
+    # Then its own ticket comes first every time: similar ids never outvote the exact one
+    assert [n for n, first in enumerate(firsts) if f"KX-{1000 + n}" not in first] == []
 
 
 async def test_a_query_about_something_never_discussed_finds_nothing(

@@ -42,6 +42,7 @@ from recall.engines.embedded.search import (
     fuse,
     lexical,
     nothing_relevant,
+    order_pool,
     top_hits,
 )
 from recall.engines.embedded.store import (
@@ -248,11 +249,13 @@ class EmbeddedEngine:
         finally:
             if future is not None:
                 wait([future])  # the connection must be idle before it is used or closed
-        by_words = future.result() if future is not None else Lexical([], 0.0, False)
-        by_meaning, best_similarity = dense(vectors.ids, vectors.matrix, qvec, self.candidates)
+        by_words = future.result() if future is not None else Lexical([], [], False)
+        similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
+        by_meaning, best_similarity = dense(vectors.ids, similarity, self.candidates)
         if nothing_relevant(by_words, best_similarity, self.min_similarity):
             return []
-        fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words.ids, LEXICAL_WEIGHT)])
+        by_words_ranked = order_pool(by_words, vectors.ids, similarity, self.candidates)
+        fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
         return top_hits(
             con,
             fused,
@@ -260,6 +263,7 @@ class EmbeddedEngine:
             newest=vectors.newest,
             half_life_days=self.half_life_days,
             months=query.months,
+            ids=query.ids,
         )
 
     def _vectors(self, con: sqlite3.Connection, key: str) -> _Vectors:

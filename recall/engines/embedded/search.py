@@ -1,9 +1,9 @@
 """Ranking: the two legs (BM25 over FTS5, exact cosine), their fusion, recency, the top k.
 
-    query -> lexical leg (BM25, re-ordered by rarity-weighted coverage)
+    query -> lexical leg (BM25, re-ordered by rarity-weighted coverage, then meaning)
           + dense leg (cosine over the matrix)
           -> nothing relevant? (no known identifier, or weak on both legs) -> no hits
-          -> weighted reciprocal rank fusion -> optional recency, month named
+          -> weighted reciprocal rank fusion -> optional recency, month named, ids held
           -> top k hits, never two adjacent turns (the second is the first's neighbour)
 
 The knobs below were measured on the benchmark; their figures are recorded once, in
@@ -39,6 +39,10 @@ DENSE_WEIGHT = 0.5
 # bm25 weight of the identifier column: an exact id (mt4471) is the strongest evidence there is.
 IDS_COLUMN_WEIGHT = 8.0
 LEXICAL_POOL = 6  # x candidates: the BM25 rows re-ordered by query coverage
+# The pool's order: covered share + POOL_MEANING x cosine. Among passages that cover the query's
+# words alike (a place named both in a fact and in small talk), the one closer in meaning comes
+# first, so a question that names its subject by other words still finds it.
+POOL_MEANING = 0.3
 # A stem in more passages than this is "common" ("line", "valves"): left out of the BM25 match
 # (it adds almost nothing to BM25 but makes FTS5 score much of the table), still counted for
 # coverage.
@@ -51,6 +55,10 @@ MIN_COVERED = 0.34
 # A turn from a month the query names ("in May 2023", "back in January") scores 1 + MONTH_BOOST
 # times as much: it reorders the pool, never filters it (filters lost recall wherever tried).
 MONTH_BOOST = 1.0
+# A turn holding every identifier the query names scores 1 + ID_BOOST times as much: the exact id
+# is the strongest evidence there is, and without it a run of similar ids (KX-1011, KX-1013) that
+# the model finds alike could outvote the one asked for in the fusion.
+ID_BOOST = 1.0
 # With recency on, a hit's score is scaled between RECENCY_FLOOR (very old) and 1 (newest), so
 # recency reorders comparable hits without burying a strong old one under a weak new one.
 RECENCY_FLOOR = 0.5
@@ -85,9 +93,14 @@ def idf(passages: int, containing: int) -> float:
 class Lexical:
     """The lexical leg's answer: rowids best first, and what the gate needs."""
 
-    ids: list[int]
-    covered: float  # the largest share of the query's weight one passage covers, 0 to 1
+    pool: list[int]  # the BM25 rows, best first
+    shares: list[float]  # the share of the query's weight each pooled row covers, 0 to 1
     unknown_ids: bool  # the query names identifiers and the history holds none of them
+
+    @property
+    def covered(self) -> float:
+        """The largest share of the query's weight one passage covers."""
+        return max(self.shares, default=0.0)
 
 
 def lexical(
@@ -97,7 +110,8 @@ def lexical(
     candidates: int,
     passages: int,
 ) -> Lexical:
-    """The lexical leg: at most ``candidates`` rowids, best first.
+    """The lexical leg: a pool of BM25 rows, each with the share of the query it covers (the
+    pool is ordered by ``order_pool`` once the query's vector is known).
 
     Each query term weighs its rarity in this user's own history, so a name that occurs in every
     turn counts for little and a rare noun for much.
@@ -115,24 +129,36 @@ def lexical(
         "SELECT rowid, text FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
         (fts_query(searched), IDS_COLUMN_WEIGHT, candidates * LEXICAL_POOL),
     ).fetchall()
-    covered = [coverage(query.terms, text, weights) for _, text in rows]
-    ranked = sorted(range(len(rows)), key=lambda i: (-covered[i], i))
     whole = sum((ID_COVERAGE if t in query.ids else 1) * weights[t] for t in query.terms)
     return Lexical(
-        ids=[rows[i][0] for i in ranked[:candidates]],
-        covered=max(covered, default=0.0) / whole if whole else 0.0,
+        pool=[rowid for rowid, _ in rows],
+        shares=[coverage(query.terms, text, weights) / whole if whole else 0.0 for _, text in rows],
         unknown_ids=unknown_ids,
     )
 
 
-def dense(
-    ids: np.ndarray, matrix: np.ndarray, qvec: np.ndarray, candidates: int
-) -> tuple[list[int], float]:
-    """The dense leg: the ``candidates`` rowids whose unit vectors are closest to ``qvec``, and
-    the best cosine (0 for an empty matrix)."""
+def order_pool(
+    by_words: Lexical, ids: np.ndarray, similarity: np.ndarray, candidates: int
+) -> list[int]:
+    """The lexical leg's ranking: its best ``candidates`` rows by covered share plus
+    ``POOL_MEANING`` x cosine (``similarity[i]`` is row ``ids[i]``'s; ``ids`` ascending)."""
+    rows = np.searchsorted(ids, by_words.pool).clip(max=max(len(ids) - 1, 0))
+    cosines = [
+        float(similarity[r]) if len(ids) and ids[r] == rowid else 0.0
+        for r, rowid in zip(rows, by_words.pool, strict=True)
+    ]
+    score = [
+        share + POOL_MEANING * cos for share, cos in zip(by_words.shares, cosines, strict=True)
+    ]
+    ranked = sorted(range(len(score)), key=lambda i: (-score[i], i))
+    return [by_words.pool[i] for i in ranked[:candidates]]
+
+
+def dense(ids: np.ndarray, scores: np.ndarray, candidates: int) -> tuple[list[int], float]:
+    """The dense leg: the ``candidates`` rowids with the highest cosine (``scores[i]`` is row
+    ``ids[i]``'s), and the best cosine (0 for an empty matrix)."""
     if not len(ids):
         return [], 0.0
-    scores = matrix @ qvec
     n = min(candidates, len(scores))
     top = np.argpartition(-scores, n - 1)[:n]
     ordered = top[np.argsort(-scores[top])]
@@ -170,19 +196,24 @@ def top_hits(
     newest: float,
     half_life_days: float,
     months: Sequence[tuple[int | None, int]] = (),
+    ids: Sequence[str] = (),
 ) -> list[Hit]:
     """The best ``k`` of the fused rows, recency applied when ``half_life_days`` is set, and
-    turns from a month the query names lifted (never filtered)."""
+    turns from a month the query names, or holding every identifier it names (``ids``, joined
+    forms), lifted (never filtered)."""
     if not fused:
         return []
     marks = ",".join("?" * len(fused))
-    hits = [
-        Hit(rowid, conv, seq, ts, epoch, role, text, fused[rowid])
-        for rowid, conv, seq, ts, epoch, role, text in con.execute(
-            f"SELECT id, conv, seq, ts, epoch, role, text FROM chunks WHERE id IN ({marks})",
-            list(fused),
-        )
-    ]
+    asked = set(ids)
+    hits = []
+    for rowid, conv, seq, ts, epoch, role, text, held in con.execute(
+        f"SELECT id, conv, seq, ts, epoch, role, text, ids FROM chunks WHERE id IN ({marks})",
+        list(fused),
+    ):
+        hit = Hit(rowid, conv, seq, ts, epoch, role, text, fused[rowid])
+        if asked and asked <= set(held.split()):
+            hit.score *= 1 + ID_BOOST
+        hits.append(hit)
     if half_life_days > 0:
         for hit in hits:
             hit.score *= recency(max(newest - hit.epoch, 0.0) / 86_400, half_life_days)
