@@ -4,41 +4,22 @@ an agent sends. Each of the demo's five questions finds its facts; bob's chat st
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import ROOT, Server, make_server
+from conftest import Server
 
+from recall.demo import seeded_demo
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
 
-DEMO_TOKENS = ROOT / "examples" / "tokens.json"
-SEEDER = ROOT / "seeds" / "seed.py"
 INDEX_TIMEOUT = 180.0  # seconds for both users' index runs to catch up after seeding
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One seeded server for the module: seeding and indexing are the slow part."""
-    server = make_server(
-        tmp_path_factory.mktemp("demo"), ENGINE="embedded", AUTH_TOKENS_FILE=str(DEMO_TOKENS)
-    )
-    tokens = json.loads(DEMO_TOKENS.read_text())
-    server.tokens = {user: token for token, user in tokens.items()}
-    server.start()
+    server = seeded_demo(tmp_path_factory.mktemp("demo"), timeout=INDEX_TIMEOUT)
     try:
-        seeded = subprocess.run(
-            [sys.executable, str(SEEDER), "--url", server.url],
-            env={**os.environ, "INGEST_KEY": server.ingest_key},  # the key stays out of argv
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert seeded.returncode == 0, seeded.stderr
-        server.wait_indexed("alice", "bob", timeout=INDEX_TIMEOUT)
         yield server
     finally:
         server.stop()
