@@ -334,6 +334,7 @@ async def recall_caller(
     deadline: float,
     calls: Calls,
     statuses: Counter[str],
+    think: float,
 ) -> None:
     async def count(response: httpx2.Response) -> None:
         statuses[str(response.status_code)] += 1
@@ -358,6 +359,8 @@ async def recall_caller(
                     calls.record(started, OUTCOMES.get(text, "passages"))
                 except Exception as exc:  # counted, and the caller goes on
                     calls.errors[type(exc).__name__] += 1
+                if think:  # an agent reads the answer before it asks again
+                    await asyncio.sleep(think)
     except Exception as exc:  # the session itself failed
         calls.errors[f"session {type(exc).__name__}"] += 1
 
@@ -400,7 +403,14 @@ async def run_phase(
                 user = users[caller % len(users)]
                 tasks.append(
                     recall_caller(
-                        target, user, recall_users[user], caller * 7, deadline, recall, mcp_statuses
+                        target,
+                        user,
+                        recall_users[user],
+                        caller * 7,
+                        deadline,
+                        recall,
+                        mcp_statuses,
+                        args.think,
                     )
                 )
         ingest.started = recall.started = t0
@@ -414,9 +424,17 @@ async def run_phase(
     cpu_after = cpu_seconds(target.pid)
     figures: dict[str, Any] = {"phase": name, "duration_s": args.duration}
     if ingest_users:
-        figures["ingest"] = ingest.figures()
+        figures["ingest"] = ingest.figures() | {
+            "workers": args.ingest_concurrency,
+            "users": len(ingest_users),
+            "rate": args.rate,
+        }
     if recall_users:
-        figures["recall"] = recall.figures() | {"mcp_http_statuses": dict(mcp_statuses)}
+        figures["recall"] = recall.figures() | {
+            "callers": args.recall_concurrency,
+            "think_s": args.think,
+            "mcp_http_statuses": dict(mcp_statuses),
+        }
         if target.recall_timeout is not None:
             figures["recall"]["recall_timeout_s"] = target.recall_timeout
     if caught_up is not None or name == "mixed":
@@ -432,15 +450,23 @@ async def run_phase(
     return figures
 
 
-def print_phase(figures: dict[str, Any], ingest: Calls | None, recall: Calls | None) -> None:
-    print(f"\n== {figures['phase']} ({figures['duration_s']:g} s)")
-    for calls in (ingest, recall):
+def print_phase(figures: dict[str, Any], posts: Calls | None, recalls: Calls | None) -> None:
+    setup = []
+    if ingest := figures.get("ingest"):
+        paced = f", paced at {ingest['rate']:g}/s" if ingest["rate"] else ", back to back"
+        setup.append(f"{ingest['workers']} posting workers to {ingest['users']} users{paced}")
+    if recall := figures.get("recall"):
+        setup.append(f"{recall['callers']} MCP callers, {recall['think_s']:g} s between calls")
+    print(f"\n== {figures['phase']} ({figures['duration_s']:g} s; {'; '.join(setup)})")
+    for calls in (posts, recalls):
         if calls is not None:
             print("  " + calls.line())
-    if recall is not None:
+    if recalls is not None:
         print(f"  MCP HTTP statuses: {figures['recall']['mcp_http_statuses']}")
         if (timeout := figures["recall"].get("recall_timeout_s")) is not None:
-            print(f"  RECALL_TIMEOUT {timeout:g} s; slowest answer {recall.figures()['max_ms']} ms")
+            print(
+                f"  RECALL_TIMEOUT {timeout:g} s; slowest answer {recalls.figures()['max_ms']} ms"
+            )
     print(f"  5xx responses: {figures['responses_5xx']}")
     if rss := figures.get("rss_mb"):
         print(
@@ -502,6 +528,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         tokens = {user: token for token, user in json.loads(Path(args.tokens).read_text()).items()}
         pid = args.pid or listening_pid(args.url)
         target = Target(args.url, args.ingest_key, tokens, pid, None)
+        if {"recall", "mixed"} & set(phases) and (missing := set(recall_names) - set(tokens)):
+            raise SystemExit(f"--tokens: no token for {', '.join(sorted(missing))}")
         queries: dict[str, list[str]] = {}
         if {"recall", "mixed"} & set(phases):
             bodies = []
@@ -555,6 +583,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ingest-concurrency", type=int, help="posting workers (--concurrency)")
     parser.add_argument("--recall-concurrency", type=int, help="MCP callers (--concurrency)")
     parser.add_argument("--rate", type=float, help="pace the posts at this many per second")
+    parser.add_argument(
+        "--think", type=float, default=0.0, help="seconds a recall caller pauses between calls"
+    )
     parser.add_argument("--users", type=int, default=4, help="recall users")
     parser.add_argument("--conversations", type=int, default=1_000, help="per recall user")
     parser.add_argument("--ingest-users", type=int, default=64, help="users the posts go to")
