@@ -36,6 +36,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,7 @@ from fastmcp.client.transports import StreamableHttpTransport
 
 from benchmark.history import generate
 from benchmark.run import machine, percentile
+from recall.conversations import user_dir_name
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
 from recall.testing import ROOT, LocalServer, make_server
 
@@ -90,8 +92,12 @@ class Calls:
     started: float = 0.0
     ended: float = 0.0
 
+    by_answer: dict[str, list[float]] = field(default_factory=dict)
+
     def record(self, started: float, answer: str) -> None:
-        self.latencies_ms.append((time.perf_counter() - started) * 1000)
+        latency = (time.perf_counter() - started) * 1000
+        self.latencies_ms.append(latency)
+        self.by_answer.setdefault(answer, []).append(latency)
         self.answers[answer] += 1
 
     def figures(self) -> dict[str, Any]:
@@ -105,6 +111,14 @@ class Calls:
             "max_ms": round(max(values, default=0.0), 1),
             "answers": dict(sorted(self.answers.items())),
             "errors": dict(self.errors),
+            "by_answer_p50_p99_max_ms": {
+                answer: [
+                    round(percentile(v, 0.5), 1),
+                    round(percentile(v, 0.99), 1),
+                    round(max(v), 1),
+                ]
+                for answer, v in sorted(self.by_answer.items())
+            },
         }
 
     def line(self) -> str:
@@ -180,6 +194,7 @@ class Sampler:
                 "flat_within_10pct": max(steady) <= 1.10 * min(steady),
                 "samples": len(values),
             }
+            figures["rss_series"] = [(at, round(mb)) for at, mb in self.rss_mb]
         figures["metrics"] = (
             "absent" if self.has_metrics is False else self.lag_metrics or "not sampled"
         )
@@ -467,6 +482,7 @@ def print_phase(figures: dict[str, Any], posts: Calls | None, recalls: Calls | N
             print(
                 f"  RECALL_TIMEOUT {timeout:g} s; slowest answer {recalls.figures()['max_ms']} ms"
             )
+        print(f"  p50 / p99 / max ms by answer: {figures['recall']['by_answer_p50_p99_max_ms']}")
     print(f"  5xx responses: {figures['responses_5xx']}")
     if rss := figures.get("rss_mb"):
         print(
@@ -474,6 +490,7 @@ def print_phase(figures: dict[str, Any], posts: Calls | None, recalls: Calls | N
             f"max {rss['max']}; after warm-up {rss['after_warmup_min']}-{rss['after_warmup_max']}"
             f", flat within 10%: {rss['flat_within_10pct']}"
         )
+        print(f"  server RSS MB over time: {thin(figures['rss_series'])}")
     print(f"  CPU seconds: server {figures['cpu_s']['server']}, this client "
           f"{figures['cpu_s']['this_client']} (they share the machine's cores)")  # fmt: skip
     print(f"  load average (1 min), highest seen: {figures['load_avg_max']}")
@@ -510,6 +527,12 @@ def prefill_own(
         queries[f"load-user-{index}"] = user_queries
         bodies += user_bodies
     if marker.exists() and json.loads(marker.read_text()) == wanted:
+        # Only the histories are reused: the users an earlier run posted to would be indexed
+        # (or still be) at this server's start, under this run's load.
+        keep = {user_dir_name(user) for user in queries}
+        for home in (workdir / "data").iterdir():
+            if home.is_dir() and home.name not in keep and not home.name.startswith("_"):
+                shutil.rmtree(home)
         print(f"prefill: reusing {workdir / 'data'}")
     else:
         seconds = backfill(server, bodies, workdir)
@@ -528,10 +551,12 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         tokens = {user: token for token, user in json.loads(Path(args.tokens).read_text()).items()}
         pid = args.pid or listening_pid(args.url)
         target = Target(args.url, args.ingest_key, tokens, pid, None)
-        if {"recall", "mixed"} & set(phases) and (missing := set(recall_names) - set(tokens)):
+        if {"recall", "mixed", "saturate"} & set(phases) and (
+            missing := set(recall_names) - set(tokens)
+        ):
             raise SystemExit(f"--tokens: no token for {', '.join(sorted(missing))}")
         queries: dict[str, list[str]] = {}
-        if {"recall", "mixed"} & set(phases):
+        if {"recall", "mixed", "saturate"} & set(phases):
             bodies = []
             for index in range(args.users):
                 user_bodies, queries[f"load-user-{index}"] = user_history(index, args.conversations)
@@ -548,7 +573,11 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         server = own_server(workdir, recall_names, args)
-        queries = prefill_own(workdir, server, args) if {"recall", "mixed"} & set(phases) else {}
+        queries = (
+            prefill_own(workdir, server, args)
+            if {"recall", "mixed", "saturate"} & set(phases)
+            else {}
+        )
         for name in phases:
             extra = SATURATE_SETTINGS if name == "saturate" else {}
             server = own_server(workdir, recall_names, args, **extra)
