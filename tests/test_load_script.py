@@ -1,0 +1,47 @@
+"""benchmark/load.py stays bounded and runnable: loopback only, and a short phase against its own
+server prints its figures and stops by itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from benchmark.load import is_loopback_url, parse_args
+from recall.testing import ROOT
+
+
+@pytest.mark.parametrize(
+    "url", ["http://10.0.0.8:8000", "http://example.com", "http://0.0.0.0:8000", "http://[::]:80"]
+)
+def test_a_url_that_is_not_loopback_is_refused(url: str) -> None:
+    # given a target off this machine; when the script is asked to load it; then it refuses
+    assert not is_loopback_url(url)
+    with pytest.raises(SystemExit) as refused:
+        parse_args(["--url", url, "--ingest-key", "k" * 32, "--tokens", "tokens.json"])
+    assert refused.value.code == 2
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://localhost:1", "http://[::1]:8"])
+def test_a_loopback_url_is_accepted(url: str) -> None:
+    assert is_loopback_url(url)
+
+
+def test_a_short_ingest_phase_prints_its_figures_and_stops() -> None:
+    # given the script with its own server; when it runs a two-second ingest phase
+    command = [sys.executable, "-m", "benchmark.load", "--phase", "ingest", "--duration", "2"]
+    command += ["--concurrency", "2", "--ingest-users", "2", "--sample-every", "1"]
+    finished = subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # then it stopped by itself, every post was accepted, and the figures are there
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    out = finished.stdout
+    assert "ingest POST /turns:" in out and "answers {'202':" in out, out
+    assert "5xx responses: 0" in out
+    assert "server RSS MB:" in out and "load average" in out
