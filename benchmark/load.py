@@ -21,6 +21,9 @@ Phases:
   server has /metrics) until indexing has caught up.
 - saturate (own server only): one recall slot and a short RECALL_TIMEOUT under the same callers:
   every caller must be answered within about RECALL_TIMEOUT, with the fail-soft answer if need be.
+- rounds (not part of "all"): `--rounds` rounds of `--round-posts` posts, each followed by the
+  index runs catching up; server RSS at each round's peak and once indexed (index runs take
+  memory while they embed and give it back, so RSS once indexed is what must stay flat).
 
 Printed per phase: requests/s, p50/p99/max latency, answers by status (and by recall outcome),
 errors, server RSS over time (min/max/first/last, flat within 10% after the warm-up or not), CPU
@@ -590,9 +593,70 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return results
 
 
+async def rounds(target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    """Posts in rounds, each followed by the index runs catching up: server RSS at each round's
+    peak and once indexing is done. Index runs take memory while they embed and give it back
+    afterwards, so RSS after each round is what must stay flat."""
+    users = [f"load-rounds-{i}" for i in range(args.ingest_users)]
+    bodies = ingest_bodies()
+    figures: dict[str, Any] = {"phase": "rounds", "rounds": [], "responses_5xx": 0}
+    print(f"\n== rounds ({args.rounds} of {args.round_posts} posts, each then indexed)")
+    async with httpx2.AsyncClient(headers={"x-ingest-key": target.ingest_key}) as http:
+        for number in range(args.rounds):
+            posts = Calls(f"round {number}")
+            tickets = iter(range(number * args.round_posts, (number + 1) * args.round_posts))
+
+            async def worker(tickets: Any = tickets, posts: Calls = posts) -> None:
+                for n in tickets:
+                    body = bodies[n % len(bodies)] | {
+                        "user": users[n % len(users)],
+                        "conversation_id": f"R{n}",
+                    }
+                    started = time.perf_counter()
+                    response = await http.post(f"{target.url}/turns", json=body, timeout=60)
+                    posts.record(started, str(response.status_code))
+
+            posts.started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(args.ingest_concurrency)))
+            posts.ended = time.perf_counter()
+            peak, waited = 0.0, time.monotonic()
+            while (await http.get(f"{target.url}/healthz", timeout=10)).json()["indexing"]:
+                peak = max(peak, server_rss_mb(target.pid) or 0.0)
+                if time.monotonic() - waited > args.drain_timeout:
+                    break
+                await asyncio.sleep(1)
+            indexed_after = round(time.monotonic() - waited)
+            await asyncio.sleep(10)  # what the last run freed is given back
+            after = server_rss_mb(target.pid) or 0.0
+            result = posts.figures() | {
+                "indexed_after_s": indexed_after,
+                "rss_peak_mb": round(peak),
+                "rss_after_mb": round(after),
+            }
+            figures["rounds"].append(result)
+            figures["responses_5xx"] += sum(
+                n for status, n in posts.answers.items() if status.startswith("5")
+            )
+            print(
+                f"  {posts.line()}\n    indexed {indexed_after} s after the round; server RSS "
+                f"peak {peak:.0f} MB, {after:.0f} MB once indexed"
+            )
+    afters = [r["rss_after_mb"] for r in figures["rounds"]]
+    if afters and all(afters):
+        figures["rss_after_flat_within_10pct"] = max(afters) <= 1.10 * min(afters)
+        print(
+            f"  RSS once indexed: {min(afters)}-{max(afters)} MB, flat within 10%: "
+            f"{figures['rss_after_flat_within_10pct']}"
+        )
+    print(f"  5xx responses: {figures['responses_5xx']}")
+    return figures
+
+
 async def phase(
     name: str, target: Target, args: argparse.Namespace, queries: dict[str, list[str]]
 ) -> dict[str, Any]:
+    if name == "rounds":
+        return await rounds(target, args)
     # Ingest goes to users of its own (a phase's own prefix): new users, whose index runs queue.
     ingest_users = [f"load-{name}-{i}" for i in range(args.ingest_users)]
     if name == "ingest":
@@ -606,7 +670,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmark.load", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--phase", choices=(*PHASES, "all"), default="all")
+    parser.add_argument(
+        "--phase", choices=(*PHASES, "rounds", "all"), default="all", help="all: not rounds"
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of posts (rounds phase)")
+    parser.add_argument("--round-posts", type=int, default=800, help="posts per round")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds per phase")
     parser.add_argument("--concurrency", type=int, default=16, help="callers of each kind")
     parser.add_argument("--ingest-concurrency", type=int, help="posting workers (--concurrency)")

@@ -94,7 +94,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     live.stop()
 
 
-def body(user: Any, cid: Any, texts: list[str], **turn_extra: Any) -> dict[str, Any]:
+def body(user: Any, cid: Any, texts: list[str]) -> dict[str, Any]:
     return {
         "user": user,
         "conversation_id": cid,
@@ -104,7 +104,6 @@ def body(user: Any, cid: Any, texts: list[str], **turn_extra: Any) -> dict[str, 
                 "text": text,
                 "ts": f"2026-10-08T09:{n % 60:02d}:00Z",
             }
-            | turn_extra
             for n, text in enumerate(texts)
         ],
     }
@@ -123,7 +122,7 @@ def post_raw(live: LocalServer, data: bytes) -> tuple[int, bytes]:
 
 
 def no_nul(text: str) -> str:
-    """A NUL is refused (a field of its own above); elsewhere fuzzed text goes without it."""
+    """A NUL is refused (BAD_VALUES checks that); elsewhere fuzzed text goes without it."""
     return text.replace("\x00", "")
 
 
