@@ -67,6 +67,7 @@ PHASES = ("ingest", "recall", "mixed", "saturate")
 OUTCOMES = {UNAVAILABLE: "unavailable", NOTHING_FOUND: "nothing_found", NO_MEMORY: "no_memory"}
 # Gauges of /metrics that tell how far indexing lags (names as the metrics branch chooses them).
 LAG_METRIC = re.compile(r"^(\w*index\w*(?:wait|lag|pending|oldest)\w*)(\{[^}]*\})?\s+(\S+)$")
+PREFIX = "recall_server_"  # the metrics branch's names, shortened when printed
 SATURATE_SETTINGS = {"RECALL_CONCURRENCY": "1", "RECALL_TIMEOUT": "0.25"}
 INGEST_BODIES = 2_000  # distinct synthetic bodies, reused with a new user and conversation id
 
@@ -140,6 +141,7 @@ class Sampler:
     url: str
     pid: int | None
     every: float
+    metrics_token: str | None = None  # the server's METRICS_TOKEN, when it guards /metrics
     rss_mb: list[tuple[float, float]] = field(default_factory=list)
     load: list[float] = field(default_factory=list)
     indexing: list[tuple[float, int]] = field(default_factory=list)
@@ -168,14 +170,21 @@ class Sampler:
             pass
         if self.has_metrics is False:
             return
+        headers = {"authorization": f"Bearer {self.metrics_token}"} if self.metrics_token else {}
         try:
-            response = await http.get(f"{self.url}/metrics", timeout=10)
+            response = await http.get(f"{self.url}/metrics", headers=headers, timeout=10)
         except httpx2.HTTPError:
+            return
+        if response.status_code == 401:  # there, but guarded: say so rather than "absent"
+            self.lag_metrics.append((at, "401: /metrics wants --metrics-token"))
+            self.has_metrics = False
             return
         self.has_metrics = response.status_code == 200
         if self.has_metrics:
-            found = [
-                m.group(0) for line in response.text.splitlines() if (m := LAG_METRIC.match(line))
+            found = [  # "index_waiting_users 63": short names, whole numbers
+                f"{m.group(1).removeprefix(PREFIX)}{m.group(2) or ''} {float(m.group(3)):.0f}"
+                for line in response.text.splitlines()
+                if (m := LAG_METRIC.match(line))
             ]
             self.lag_metrics.append((at, "; ".join(found) or "(no index-wait gauge)"))
 
@@ -198,9 +207,10 @@ class Sampler:
                 "samples": len(values),
             }
             figures["rss_series"] = [(at, round(mb)) for at, mb in self.rss_mb]
-        figures["metrics"] = (
-            "absent" if self.has_metrics is False else self.lag_metrics or "not sampled"
-        )
+        if self.has_metrics is False and not self.lag_metrics:
+            figures["metrics"] = "absent"
+        else:
+            figures["metrics"] = self.lag_metrics or "not sampled"
         return figures
 
 
@@ -392,7 +402,7 @@ async def run_phase(
     recall_users: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """One phase: the callers for the duration, the sampler alongside; its figures, printed."""
-    sampler = Sampler(target.url, target.pid, args.sample_every)
+    sampler = Sampler(target.url, target.pid, args.sample_every, args.metrics_token)
     ingest, recall = Calls("ingest POST /turns"), Calls("recall (MCP tool call)")
     mcp_statuses: Counter[str] = Counter()
     stop = asyncio.Event()
@@ -515,6 +525,7 @@ def own_server(
     workdir: Path, users: list[str], args: argparse.Namespace, **extra: str
 ) -> LocalServer:
     settings = {"ENGINE": "embedded", **dict(s.split("=", 1) for s in args.server_env), **extra}
+    args.metrics_token = args.metrics_token or settings.get("METRICS_TOKEN")
     return make_server(workdir, users=users, **settings)
 
 
@@ -698,6 +709,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ingest-key", help="with --url: its INGEST_KEY")
     parser.add_argument("--tokens", help="with --url: its AUTH_TOKENS_FILE (token -> user)")
     parser.add_argument("--pid", type=int, help="with --url: the server's pid, for RSS")
+    parser.add_argument("--metrics-token", help="with --url: its METRICS_TOKEN, if it has one")
     parser.add_argument("--prefill", action="store_true", help="with --url: post the histories")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
