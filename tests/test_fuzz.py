@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import make_server
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from recall.conversations import user_dir_name
@@ -87,7 +87,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     (bob's is never touched again: the refusal tests watch his directory)."""
     live = make_server(tmp_path_factory.mktemp("fuzz"), ENGINE="embedded").start()
     for user in ("alice", "bob"):
-        status, _ = live.post(body(user, "seed", ["The pump P-7 seal leaks again.", "Noted."]))
+        # U+2028 and NEL: line breaks to str.splitlines(), plain characters to JSON and SSE
+        seed = ["The pump P-7 seal leaks again.\u2028Since Monday\x85 twice.", "Noted."]
+        status, _ = live.post(body(user, "seed", seed))
         assert status == 202
     live.wait_indexed("alice", "bob")
     yield live
@@ -349,6 +351,7 @@ def test_any_query_is_answered_with_a_string_and_never_an_error(
 
 @settings(FUZZ, max_examples=25)
 @given(query=st.text(ANY_CHAR, max_size=40))
+@example(query="pump P-7 seal")  # an answer whose passage holds U+2028 and NEL
 def test_a_query_with_lone_surrogates_never_gets_a_5xx(server: LocalServer, query: str) -> None:
     # given a JSON-RPC call whose query may hold half a UTF-16 pair (no MCP client sends one;
     # a hand-written one can), escaped as JSON allows
