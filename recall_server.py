@@ -149,6 +149,11 @@ def describe(exc: Exception) -> str:
     return str(exc) if isinstance(exc, EngineError) else type(exc).__name__
 
 
+def log_timed(message: str, user_home: Path, seconds: float) -> None:
+    """An info line on a user's timed work: the directory hash and seconds, also as JSON fields."""
+    log.info(message, user_home.name, seconds, extra=user_fields(user_home, seconds))
+
+
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -178,13 +183,7 @@ def create_app(settings: Settings) -> Starlette:
     async def index_user(user_home: Path) -> None:
         started = time.monotonic()
         await index_and_mark(engine, user_home)
-        seconds = time.monotonic() - started
-        log.info(
-            "indexed user %s in %.2fs",
-            user_home.name,
-            seconds,
-            extra=user_fields(user_home, seconds),
-        )
+        log_timed("indexed user %s in %.2fs", user_home, time.monotonic() - started)
 
     scheduler = IndexScheduler(index_user, settings.index_debounce, settings.index_concurrency)
     metrics.watch(recalls, scheduler, engine)  # gauges read at scrape time
@@ -394,13 +393,7 @@ def create_app(settings: Settings) -> Starlette:
             if isinstance(exc, EngineError):
                 scheduler.ensure(user_home)  # an unreadable index is rebuilt, not waited on
             return UNAVAILABLE
-        seconds = time.monotonic() - started
-        log.info(
-            "recall for user %s in %.3fs",
-            user_home.name,
-            seconds,
-            extra=user_fields(user_home, seconds),
-        )
+        log_timed("recall for user %s in %.3fs", user_home, time.monotonic() - started)
         return found[: settings.max_result_chars] or NOTHING_FOUND
 
     # --- the memory page (recall/memory_api.py): the person's bearer token, the tool's search ---
