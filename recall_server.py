@@ -77,7 +77,7 @@ from recall.memory_api import MemoryApi
 from recall.metrics import Metrics, failed_check, recall_timed_out
 from recall.scheduler import IndexScheduler, index_and_mark, index_stale
 from recall.settings import ConfigError, Settings, load_settings, settings_help
-from recall.transport import fit_descriptor_limit, serve
+from recall.transport import BodyTooLarge, fit_descriptor_limit, read_limited, serve
 
 log = logging.getLogger("recall")
 
@@ -120,26 +120,6 @@ usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, G
 
 Settings are environment variables (default after =):
 """
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def read_limited(request: Request, limit: int, deadline: float) -> bytes:
-    """The request body, refusing (without buffering) anything over `limit` bytes, and anything
-    not in whole after `deadline` seconds (TimeoutError): a stalled upload frees its slot."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge
-    chunks, size = [], 0
-    async with asyncio.timeout(deadline):
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge
-            chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def describe(exc: Exception) -> str:

@@ -25,7 +25,6 @@ style, no inline code and no framing; the script inserts every piece of data as 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -45,6 +44,7 @@ from recall.concurrency import run_in
 from recall.conversations import CONVERSATION_ID, SOURCE_SUFFIX, is_recalled, read_source
 from recall.engines.base import EngineError
 from recall.lifecycle import Lifecycle, NotFound
+from recall.transport import BodyTooLarge, read_limited
 
 log = logging.getLogger("recall.memory")
 
@@ -333,18 +333,14 @@ def checked_id(value: Any) -> str:
 
 async def json_body(request: Request) -> dict[str, Any]:
     """A small JSON object body; BadRequest names what is wrong with it."""
-    chunks, size = [], 0
     try:
-        async with asyncio.timeout(BODY_TIMEOUT):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise BadRequest(f"body: larger than {MAX_BODY_BYTES} bytes", 413)
-                chunks.append(chunk)
+        raw = await read_limited(request, MAX_BODY_BYTES, BODY_TIMEOUT)
+    except BodyTooLarge as exc:
+        raise BadRequest(f"body: larger than {MAX_BODY_BYTES} bytes", 413) from exc
     except TimeoutError as exc:
         raise BadRequest(f"body: not received within {BODY_TIMEOUT:g} s", 408) from exc
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise BadRequest("body: not valid JSON") from exc
     if not isinstance(body, dict):

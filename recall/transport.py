@@ -1,4 +1,4 @@
-"""Connection bounds that uvicorn's h11 server lacks.
+"""Connection bounds that uvicorn's h11 server lacks, and a request body read within bounds.
 
 uvicorn accepts sockets without limit and refuses (503) only once a request head has arrived; it
 times out idle keep-alive connections but never a request head that does not finish. So a few
@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import h11
 import uvicorn
+from starlette.requests import Request
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -162,3 +163,23 @@ class OneLineWhenOutOfFiles(logging.Filter):
         )
         record.args, record.exc_info = (), None
         return True
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_limited(request: Request, limit: int, deadline: float) -> bytes:
+    """The request body, refusing (without buffering) anything over `limit` bytes, and anything
+    not in whole after `deadline` seconds (TimeoutError): a stalled upload frees its slot."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks, size = [], 0
+    async with asyncio.timeout(deadline):
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
+    return b"".join(chunks)
