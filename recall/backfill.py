@@ -108,13 +108,16 @@ async def backfill(settings: Settings, engine: Engine, conversations: list[Conve
     progress = Progress("backfill", len(conversations))
     done = 0
     progress.update(done)
-    for home, items in by_user.items():
-        for start in range(0, len(items), BATCH):
-            for conversation in items[start : start + BATCH]:
-                write_conversation(home, conversation)
-            await index_and_mark(engine, home)
-            done += len(items[start : start + BATCH])
-            progress.update(done)
+    try:
+        for home, items in by_user.items():
+            for start in range(0, len(items), BATCH):
+                for conversation in items[start : start + BATCH]:
+                    write_conversation(home, conversation)
+                await index_and_mark(engine, home)
+                done += len(items[start : start + BATCH])
+                progress.update(done)
+    finally:
+        await engine.close()
     return done
 
 

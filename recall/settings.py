@@ -171,7 +171,18 @@ class Settings(BaseSettings):
     # Index runs at once across users: each loads a model and keeps cores busy; 2 leaves the
     # request path room on a small machine.
     index_concurrency: int = Field(
-        2, ge=1, description="index runs at once across all users (first due, first run)"
+        2,
+        ge=1,
+        description="index runs at once across all users (first due, first run); on the embedded "
+        "engine, the most worker processes it starts",
+    )
+    # A minute: a burst of posts reuses a worker (starting one loads the model, a second or two),
+    # while a quiet server soon gives the model's memory back.
+    index_worker_idle: float = Field(
+        60.0,
+        gt=0,
+        description="seconds an idle index worker of the embedded engine keeps its model loaded "
+        "before it exits",
     )
 
     # Retention: 0 keeps everything, the safe default (forgetting cannot be undone); an hour

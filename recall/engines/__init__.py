@@ -29,13 +29,26 @@ def make_engine(settings: Settings) -> Engine:
     # Imported here: onnxruntime is heavy, and a funes deployment never needs it.
     from recall.embedder import load_embedder
     from recall.engines.embedded import EmbeddedEngine
+    from recall.engines.embedded.worker import IndexWorkers
 
+    model, pooling = settings.embed_model_dir, settings.embed_pooling
     try:
-        embedder = load_embedder(settings.embed_model_dir, settings.embed_pooling)
+        # This process embeds queries only; index runs embed in worker processes of their own.
+        embedder = load_embedder(model, pooling)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"embedding model: {exc}") from exc
+    workers = IndexWorkers(
+        settings.index_concurrency,
+        model,
+        pooling,
+        settings.index_timeout,
+        idle_exit=settings.index_worker_idle,
+        log_level=settings.log_level,
+        log_format=settings.log_format,
+    )
     return EmbeddedEngine(
         embedder,
+        index_workers=workers,
         k=settings.recall_k,
         candidates=settings.recall_candidates,
         max_chars=settings.max_result_chars,

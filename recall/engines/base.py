@@ -57,6 +57,11 @@ class Engine(Protocol):
         not even one that started before it, returns that conversation's text."""
         ...
 
+    async def close(self) -> None:
+        """Stop whatever the engine keeps running between calls (worker processes); called once,
+        when the server stops."""
+        ...
+
 
 # How long a finished forget keeps hiding its conversation from recalls that started before it
 # ended: far longer than any recall may run (the server cancels them at RECALL_TIMEOUT).

@@ -248,6 +248,9 @@ class FunesEngine:
         finally:
             self._forgetting.close(window)
 
+    async def close(self) -> None:
+        """Nothing to stop: every funes process lives for one call."""
+
 
 def drop_sessions(stdout: str, sessions: set[str]) -> str:
     """funes' agent-format output without the hits of these sessions."""

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -60,6 +61,9 @@ from recall.engines.embedded.store import (
 )
 from recall.engines.embedded.text import Query
 
+if TYPE_CHECKING:  # the worker module runs as a program (`-m`): never import it on the way there
+    from recall.engines.embedded.worker import IndexWorkers
+
 log = logging.getLogger("recall.embedded")
 
 
@@ -79,7 +83,7 @@ class _Vectors:
         return self.ids.nbytes + self.matrix.nbytes
 
 
-class _RunStop:
+class RunStop:
     """Asked between flushes whether an index run must stop: its deadline passed, or its caller
     was cancelled. A thread cannot be killed; stopping between transactions loses nothing."""
 
@@ -96,6 +100,29 @@ class _RunStop:
             raise EngineError("embedded index run cancelled")
         if time.monotonic() > self.deadline:
             raise EngineError(f"embedded index run timed out after {self.timeout:g}s")
+
+
+def index_sources(home: Path, embedder: Embedder, stop: RunStop) -> None:
+    """Bring ``home``'s db up to date with its sources (an index run, on this thread); a db that
+    cannot be read is moved aside and rebuilt. EngineError on failure, naming no user text."""
+    stop.begin()
+    path = db_path(home)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            reconcile(home, path, embedder, stop.check)
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            log.warning("embedded index of %s unreadable (%s); rebuilding", home.name, exc)
+            discard(path)
+            reconcile(home, path, embedder, stop.check)
+    except sqlite3.Error as exc:
+        raise EngineError(f"embedded index run failed: {exc}") from exc
+    except OSError as exc:
+        raise EngineError(f"embedded index run failed: {exc.strerror or exc}") from exc
+    finally:
+        release_freed_memory()
 
 
 @dataclass
@@ -115,6 +142,7 @@ class EmbeddedEngine:
         self,
         embedder: Embedder,
         *,
+        index_workers: IndexWorkers | None = None,
         k: int = 3,
         candidates: int = 8,
         max_chars: int = 4000,
@@ -126,6 +154,8 @@ class EmbeddedEngine:
         min_similarity: float = MIN_SIMILARITY,
     ) -> None:
         self.embedder = embedder
+        # Index runs in worker processes (the server's choice), else on this process' threads.
+        self.index_workers = index_workers
         self.k = k
         self.candidates = max(candidates, k)
         self.max_chars = max_chars
@@ -158,8 +188,22 @@ class EmbeddedEngine:
         return None if self.embedder is not None else "embedding_model"
 
     async def index(self, home: Path) -> None:
-        stop = _RunStop(self.index_timeout)
-        await run_in(self._index_pool, self._index, home, stop, on_cancel=stop.cancelled.set)
+        if self.index_workers is not None:
+            await self.index_workers.run(home)
+            return
+        stop = RunStop(self.index_timeout)
+        await run_in(
+            self._index_pool,
+            index_sources,
+            home,
+            self.embedder,
+            stop,
+            on_cancel=stop.cancelled.set,
+        )
+
+    async def close(self) -> None:
+        if self.index_workers is not None:
+            await self.index_workers.close()
 
     async def recall(self, home: Path, query: str) -> str:
         if not query.strip():
@@ -185,26 +229,6 @@ class EmbeddedEngine:
             raise EngineError(f"embedded forget failed: {type(exc).__name__}") from exc
 
     # -- index ----------------------------------------------------------------------------------
-
-    def _index(self, home: Path, stop: _RunStop) -> None:
-        stop.begin()
-        path = db_path(home)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                reconcile(home, path, self.embedder, stop.check)
-            except sqlite3.DatabaseError as exc:
-                if not is_corrupt(exc):
-                    raise
-                log.warning("embedded index of %s unreadable (%s); rebuilding", home.name, exc)
-                discard(path)
-                reconcile(home, path, self.embedder, stop.check)
-        except sqlite3.Error as exc:
-            raise EngineError(f"embedded index run failed: {exc}") from exc
-        except OSError as exc:
-            raise EngineError(f"embedded index run failed: {exc.strerror or exc}") from exc
-        finally:
-            release_freed_memory()
 
     # -- recall ---------------------------------------------------------------------------------
 

@@ -1,0 +1,207 @@
+"""Index runs in worker processes at background priority, so embedding never takes the server's
+GIL or its cores from a request.
+
+In the server's process an index run, even on a low-priority thread, shares the GIL with the
+event loop: a background thread holding it while the kernel favours everything else stalled
+every request behind it (benchmark/README.md, "Load": p99 of posts 21 ms without index runs, up
+to 450 ms with them in-process). A worker is its own process: it can be given the leftovers of
+the CPU without ever holding up the server.
+
+Server side, `IndexWorkers`: at most `size` workers, started when first needed and kept (each
+loads the model once), one run at a time each. A run is a line of JSON on the worker's stdin,
+``{"home": ..., "timeout": ...}``, answered by a line ``{"error": null}`` or ``{"error": "..."}``
+on its stdout. A run whose caller gives up (shutdown) or that overruns its timeout by far kills
+its worker's process group: safe, since each flush is one SQLite transaction (tests/test_crash.py
+kills whole servers mid-run), and the next run starts a fresh worker. A worker that dies mid-run
+fails that run (EngineError), and the scheduler retries at the next write or failed recall.
+
+Worker side, ``python -m recall.engines.embedded.worker``: lowers its priority, dies with the
+server (PR_SET_PDEATHSIG), loads the model, then answers runs until its stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from recall.engines.base import EngineError
+from recall.logs import configure_logging
+
+log = logging.getLogger("recall.embedded")
+
+# A worker past its run's own deadline still stops at its next flush; past this much more, it is
+# stuck (or one flush is enormous) and is killed.
+KILL_AFTER_DEADLINE = 60.0
+STARTUP_TIMEOUT = 120.0  # loading the model takes a second or two; far more means it is broken
+# How much lower than the server a worker runs. At +10 the kernel gives a waking request thread
+# the core at once and a worker about a tenth of a contended core; on an idle machine, all of it.
+BACKGROUND_NICENESS = 19
+MAX_ANSWER_BYTES = 64 * 1024  # an answer is one short line; anything longer is a broken worker
+# What a broken or dead worker raises here: a closed pipe, an answer that is not ours, no answer.
+WORKER_FAILURES = (OSError, ValueError, KeyError, TypeError, TimeoutError)
+READY = b'{"ready": true}\n'  # the worker's first line: the model is loaded
+
+
+class _Worker:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.retirement: asyncio.TimerHandle | None = None  # while idle: when it is let go
+
+    async def ask(self, home: Path, timeout: float) -> str | None:
+        """One index run; its error message, or None when it succeeded."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"home": str(home), "timeout": timeout}).encode() + b"\n")
+        await self.proc.stdin.drain()
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout + KILL_AFTER_DEADLINE)
+        if not line.endswith(b"\n"):
+            raise EngineError("embedded index worker exited during a run")
+        error = json.loads(line)["error"]
+        return None if error is None else str(error)
+
+    async def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        await self.proc.wait()
+
+
+class IndexWorkers:
+    """At most ``size`` index runs at once, each in a worker process of its own."""
+
+    def __init__(
+        self,
+        size: int,
+        model_dir: Path | None,
+        pooling: str,
+        index_timeout: float,
+        idle_exit: float = 60.0,
+        log_level: str = "info",
+        log_format: str = "text",
+    ) -> None:
+        self.index_timeout = index_timeout
+        self.idle_exit = idle_exit
+        self._argv = [sys.executable, "-m", __name__, "--parent", str(os.getpid())]
+        self._argv += ["--pooling", pooling, "--log-level", log_level, "--log-format", log_format]
+        if model_dir is not None:
+            self._argv += ["--model-dir", str(model_dir)]
+        self._slots = asyncio.Semaphore(size)
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+
+    async def run(self, home: Path) -> None:
+        async with self._slots:
+            # One that died while idle (the OOM killer, an operator) is replaced by a new one.
+            self._idle = [w for w in self._idle if w.proc.returncode is None]
+            worker = self._idle.pop() if self._idle else await self._start()
+            if worker.retirement is not None:
+                worker.retirement.cancel()
+            self._busy.add(worker)
+            try:
+                error = await worker.ask(home, self.index_timeout)
+            except BaseException as exc:  # cancelled, overran, died, or answered nonsense
+                await worker.kill()
+                if isinstance(exc, WORKER_FAILURES):
+                    raise EngineError(f"index worker failed: {type(exc).__name__}") from exc
+                raise
+            finally:
+                self._busy.discard(worker)
+            self._idle.append(worker)
+            worker.retirement = asyncio.get_running_loop().call_later(
+                self.idle_exit, self._retire, worker
+            )
+        if error is not None:
+            raise EngineError(error)
+
+    def _retire(self, worker: _Worker) -> None:
+        """Let a worker idle for INDEX_WORKER_IDLE go, and the model's memory with it: it exits
+        at the end of its input (the loop reaps it). The next run starts a new one."""
+        if worker in self._idle:  # not taken by a run (which cancels this) nor found dead
+            self._idle.remove(worker)
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.close()
+
+    async def _start(self) -> _Worker:
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            # Its own process group, so a kill takes all of it; but not its own session: with
+            # the kernel's autogroups (a group per session) a worker in a session of its own gets
+            # an equal share of the CPU with the server whatever its nice value.
+            process_group=0,
+            limit=MAX_ANSWER_BYTES,
+        )
+        worker = _Worker(proc)
+        assert proc.stdout is not None
+        try:
+            first = await asyncio.wait_for(proc.stdout.readline(), STARTUP_TIMEOUT)
+        except BaseException:
+            await worker.kill()
+            raise
+        if first != READY:
+            await worker.kill()
+            raise EngineError("embedded index worker did not start (see its log lines)")
+        return worker
+
+    async def close(self) -> None:
+        """Kill every worker: idle ones hold a model's memory, busy ones were cancelled."""
+        workers, self._idle = [*self._idle, *self._busy], []
+        for worker in workers:
+            if worker.retirement is not None:
+                worker.retirement.cancel()
+        await asyncio.gather(*(w.kill() for w in workers))
+
+
+# --- the worker process ---------------------------------------------------------------------
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when the server's thread that started it ends (Linux), so a killed
+    server never leaves a worker writing an index the next server also writes."""
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--model-dir", type=Path)
+    parser.add_argument("--pooling", default="mean")
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-format", default="text")
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent)
+    os.nice(BACKGROUND_NICENESS)  # before the model: onnxruntime's threads inherit it
+    configure_logging(args.log_level, args.log_format)  # the server's stderr, the server's format
+
+    from recall.embedder import load_embedder
+    from recall.engines.embedded.engine import RunStop, index_sources
+
+    embedder = load_embedder(args.model_dir, args.pooling)
+    out = sys.stdout.buffer
+    out.write(READY)
+    out.flush()
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        stop = RunStop(float(request["timeout"]))
+        try:
+            index_sources(Path(request["home"]), embedder, stop)
+            error = None
+        except EngineError as exc:
+            error = str(exc)
+        out.write(json.dumps({"error": error}).encode() + b"\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

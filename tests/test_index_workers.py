@@ -1,0 +1,148 @@
+"""The embedded engine's index runs embed in worker processes at background priority, so that
+they never hold the server's GIL or its cores when a request needs them; a worker that dies is
+replaced, and no worker outlives its server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import Server, conversation, make_server, wait_for
+from test_embedded_server import long_conversation, timed_posts
+
+from recall.engines.embedded.worker import BACKGROUND_NICENESS
+from recall.scheduler import needs_index
+
+WORKER_MODULE = "recall.engines.embedded.worker"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with make_server(tmp_path, ENGINE="embedded", INDEX_DEBOUNCE="0.1").start() as server:
+        yield server
+
+
+def workers(server_pid: int) -> list[psutil.Process]:
+    """The server's live index workers."""
+    found = []
+    for child in psutil.Process(server_pid).children():
+        try:
+            if WORKER_MODULE in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def thread_niceness(pid: int) -> list[int]:
+    """The nice value of every thread of a process (onnxruntime's threads included)."""
+    values = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        stat = (task / "stat").read_text()
+        values.append(int(stat[stat.rindex(")") + 2 :].split()[16]))
+    return values
+
+
+async def test_index_runs_embed_in_a_background_worker_in_the_servers_session(
+    server: Server,
+) -> None:
+    # given a post, indexed
+    assert server.post(conversation("alice", "pump", "The pump P-7 seal leaks again."))[0] == 202
+    server.wait_indexed("alice")
+    # when we look at the server's processes
+    assert server.process is not None
+    pid = server.process.pid
+    found = workers(pid)
+    # then the run was a worker's: its own process group (a kill takes all of it), but the
+    # server's session (the kernel's autogroup: in a session of its own, a worker would get as
+    # much CPU as the server whatever its nice value), every thread of it niced
+    assert found, "no index worker: the index run embedded in the server's own process"
+    server_nice = os.getpriority(os.PRIO_PROCESS, pid)
+    for worker in found:
+        assert os.getpgid(worker.pid) == worker.pid != os.getpgid(pid)
+        assert os.getsid(worker.pid) == os.getsid(pid)
+        assert min(thread_niceness(worker.pid)) >= server_nice + BACKGROUND_NICENESS
+    assert max(thread_niceness(pid)) == server_nice  # the server itself is not niced
+    # and what it indexed is found
+    assert "P-7 seal leaks" in await server.recall("alice", "pump P-7 seal")
+
+
+async def test_a_killed_worker_is_replaced_and_later_posts_are_still_indexed(
+    server: Server,
+) -> None:
+    # given a worker, idle after indexing alice's first post
+    assert server.post(conversation("alice", "pump", "The pump P-7 seal leaks again."))[0] == 202
+    server.wait_indexed("alice")
+    assert server.process is not None
+    killed = workers(server.process.pid)
+    assert killed
+    # when it is killed (the OOM killer, an operator), then alice posts again
+    for worker in killed:
+        worker.send_signal(signal.SIGKILL)
+    wait_for(lambda: not any(alive(w) for w in killed))
+    body = conversation("alice", "valve", "Valve V-12 was replaced on Tuesday.")
+    assert server.post(body)[0] == 202
+    # then a new worker indexes it, and recall finds it
+    server.wait_indexed("alice", timeout=120)
+    assert "V-12 was replaced" in await server.recall("alice", "valve V-12")
+    assert not {w.pid for w in killed} & {w.pid for w in workers(server.process.pid)}
+    assert "index run failed" not in server.log()
+
+
+def busy(process: psutil.Process) -> bool:
+    """Whether the process used CPU in the last half second (an index run embedding)."""
+    before = sum(process.cpu_times()[:2])
+    time.sleep(0.5)
+    return sum(process.cpu_times()[:2]) > before + 0.05
+
+
+def test_a_worker_dies_with_its_server_even_in_the_middle_of_a_run(tmp_path: Path) -> None:
+    # given one long index run going on: twenty histories of forty long turns, posted at once
+    server = make_server(tmp_path, ENGINE="embedded", INDEX_DEBOUNCE="0.5").start()
+    try:
+        timed_posts(server, [long_conversation("alice", f"history-{n}", 40) for n in range(20)])
+        assert server.process is not None
+        pid = server.process.pid
+        wait_for(lambda: workers(pid), timeout=60)
+        running = workers(pid)
+        assert all(busy(w) for w in running), "no run going on: the test would prove nothing"
+        # when the server is killed outright, with no chance to stop its workers
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        # then its workers die with it at once, none going on writing an index that the next
+        # server writes too (else a worker would finish its run, then see its stdin close)
+        wait_for(lambda: not any(alive(w) for w in running), timeout=3)
+        assert needs_index(server.home("alice"), "embedded"), "the run ended before the kill"
+    finally:
+        server.stop()
+
+
+async def test_an_idle_worker_exits_and_the_next_post_starts_a_new_one(tmp_path: Path) -> None:
+    # given a server whose workers exit after a second idle, and alice's first post indexed
+    settings = {"ENGINE": "embedded", "INDEX_DEBOUNCE": "0.1", "INDEX_WORKER_IDLE": "1"}
+    with make_server(tmp_path, **settings).start() as server:
+        assert server.post(conversation("alice", "pump", "The pump P-7 seal leaks."))[0] == 202
+        server.wait_indexed("alice")
+        assert server.process is not None
+        pid = server.process.pid
+        first = workers(pid)
+        assert first
+        # when nothing is posted for a while
+        wait_for(lambda: not workers(pid), timeout=30)
+        # then the worker is gone (its model's memory with it), and a later post still indexes
+        assert server.post(conversation("alice", "valve", "Valve V-12 was replaced."))[0] == 202
+        server.wait_indexed("alice", timeout=120)
+        assert "V-12 was replaced" in await server.recall("alice", "valve V-12")
+        assert "index run failed" not in server.log()
