@@ -195,6 +195,7 @@ def create_app(settings: Settings) -> Starlette:
                 await asyncio.gather(sweeper, return_exceptions=True)
             await recalls.close()
             await scheduler.close()
+            await engine.close()
             writes.shutdown()
 
     mcp = FastMCP("recall", auth=verifier, lifespan=lifespan)
@@ -394,6 +395,9 @@ def create_app(settings: Settings) -> Starlette:
         path="/mcp",
         # No per-client state: one token holder cannot fill a session table and lock others out.
         stateless_http=True,
+        # One JSON body per call rather than an event stream: the tool sends nothing before its
+        # answer, and the stream cost about a tenth of a call's CPU (benchmark/README.md, "Load").
+        json_response=True,
         # DNS rebinding: a foreign Host gets 421, a foreign browser Origin 403, on every route.
         host_origin_protection=True,
         allowed_hosts=allowed_hosts,

@@ -374,16 +374,19 @@ def test_a_query_with_lone_surrogates_never_gets_a_5xx(server: LocalServer, quer
     # when it is sent
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
-            status, text = response.status, response.read().decode()
+            status, kind = response.status, response.headers.get_content_type()
+            text = response.read().decode()
     except urllib.error.HTTPError as exc:
-        status, text = exc.code, exc.read().decode()
+        status, kind, text = exc.code, exc.headers.get_content_type(), exc.read().decode()
     # then a JSON-RPC answer: the tool's text, or a parse error for what JSON cannot carry in UTF-8
     assert status < 500, (status, text[:300])
-    if status == 200:  # one server-sent event holding the JSON-RPC result
-        # Events are split at "\n" only: splitlines() would also cut at U+2028 or U+0085, which
-        # the tool's text may hold unescaped inside the JSON.
-        data = next(line for line in text.split("\n") if line.startswith("data: ")).rstrip("\r")
-        result = json.loads(data.removeprefix("data: "))["result"]
+    if status == 200:  # the JSON-RPC result: one JSON body, or one server-sent event holding it
+        if kind == "text/event-stream":
+            # Events are split at "\n" only: splitlines() would also cut at U+2028 or U+0085,
+            # which the tool's text may hold unescaped inside the JSON.
+            data = next(line for line in text.split("\n") if line.startswith("data: "))
+            text = data.rstrip("\r").removeprefix("data: ")
+        result = json.loads(text)["result"]
         assert result["isError"] is False
         assert isinstance(result["content"][0]["text"], str)
         assert result["content"][0]["text"] not in (UNAVAILABLE, NO_MEMORY)
