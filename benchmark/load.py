@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -142,7 +143,8 @@ class Sampler:
     pid: int | None
     every: float
     metrics_token: str | None = None  # the server's METRICS_TOKEN, when it guards /metrics
-    rss_mb: list[tuple[float, float]] = field(default_factory=list)
+    rss_mb: list[tuple[float, float]] = field(default_factory=list)  # the server process
+    workers_mb: list[tuple[float, float]] = field(default_factory=list)  # its index workers
     load: list[float] = field(default_factory=list)
     indexing: list[tuple[float, int]] = field(default_factory=list)
     lag_metrics: list[tuple[float, str]] = field(default_factory=list)
@@ -152,8 +154,9 @@ class Sampler:
         started = time.monotonic()
         while True:
             at = round(time.monotonic() - started, 1)
-            if (rss := server_rss_mb(self.pid)) is not None:
-                self.rss_mb.append((at, rss))
+            if (rss := rss_mb(self.pid)) is not None:
+                self.rss_mb.append((at, rss[0]))
+                self.workers_mb.append((at, rss[1]))
             self.load.append(os.getloadavg()[0])
             await self.sample_lag(http, at)
             try:
@@ -207,6 +210,9 @@ class Sampler:
                 "samples": len(values),
             }
             figures["rss_series"] = [(at, round(mb)) for at, mb in self.rss_mb]
+            workers = [mb for _, mb in self.workers_mb]
+            figures["workers_rss_mb"] = {"min": round(min(workers)), "max": round(max(workers))}
+            figures["workers_rss_series"] = [(at, round(mb)) for at, mb in self.workers_mb]
         if self.has_metrics is False and not self.lag_metrics:
             figures["metrics"] = "absent"
         else:
@@ -214,24 +220,45 @@ class Sampler:
         return figures
 
 
-def server_rss_mb(pid: int | None) -> float | None:
+def rss_mb(pid: int | None) -> tuple[float, float] | None:
+    """RSS of the server process, and of its children in all (the embedded engine's index
+    workers, or funes processes), in MB."""
     if pid is None:
         return None
     try:
         process = psutil.Process(pid)
-        return sum(p.memory_info().rss for p in [process, *process.children(True)]) / 2**20
+        server = process.memory_info().rss
     except psutil.Error:
         return None
+    children = 0
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # it may end as we look
+            children += child.memory_info().rss
+    return server / 2**20, children / 2**20
 
 
-def cpu_seconds(pid: int | None) -> float | None:
+def total_rss_mb(pid: int | None) -> float:
+    """The server's RSS with its children's: its whole footprint."""
+    rss = rss_mb(pid)
+    return sum(rss) if rss is not None else 0.0
+
+
+def cpu_seconds(pid: int | None) -> tuple[float, float] | None:
+    """CPU seconds of the server process, and of its children (index workers, funes), the
+    ended ones included."""
     if pid is None:
         return None
     try:
-        times = psutil.Process(pid).cpu_times()
-        return times.user + times.system
+        process = psutil.Process(pid)
+        times = process.cpu_times()
     except psutil.Error:
         return None
+    children = times.children_user + times.children_system  # those that ended and were reaped
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child_times = child.cpu_times()
+            children += child_times.user + child_times.system
+    return times.user + times.system, children
 
 
 def listening_pid(url: str) -> int | None:
@@ -467,8 +494,13 @@ async def run_phase(
             figures["recall"]["recall_timeout_s"] = target.recall_timeout
     if caught_up is not None or name == "mixed":
         figures["indexing_caught_up_after_s"] = caught_up
+    server_cpu = workers_cpu = None
+    if cpu_after is not None and cpu_server is not None:
+        spent = zip(cpu_after, cpu_server, strict=True)
+        server_cpu, workers_cpu = (round(after - before, 1) for after, before in spent)
     figures["cpu_s"] = {
-        "server": round(cpu_after - cpu_server, 1) if cpu_after and cpu_server else None,
+        "server": server_cpu,
+        "index_workers": workers_cpu,
         "this_client": round(time.process_time() - cpu_client, 1),
     }
     figures.update(sampler.report(warmup=args.warmup))
@@ -504,7 +536,13 @@ def print_phase(figures: dict[str, Any], posts: Calls | None, recalls: Calls | N
             f", flat within 10%: {rss['flat_within_10pct']}"
         )
         print(f"  server RSS MB over time: {thin(figures['rss_series'])}")
-    print(f"  CPU seconds: server {figures['cpu_s']['server']}, this client "
+        workers = figures["workers_rss_mb"]
+        print(
+            f"  index workers' RSS MB in all (0: none running): min {workers['min']}, max "
+            f"{workers['max']}; over time: {thin(figures['workers_rss_series'])}"
+        )
+    print(f"  CPU seconds: server {figures['cpu_s']['server']}, its index workers "
+          f"{figures['cpu_s']['index_workers']}, this client "
           f"{figures['cpu_s']['this_client']} (they share the machine's cores)")  # fmt: skip
     print(f"  load average (1 min), highest seen: {figures['load_avg_max']}")
     if figures["phase"] in ("ingest", "mixed"):
@@ -632,13 +670,13 @@ async def rounds(target: Target, args: argparse.Namespace) -> dict[str, Any]:
             posts.ended = time.perf_counter()
             peak, waited = 0.0, time.monotonic()
             while (await http.get(f"{target.url}/healthz", timeout=10)).json()["indexing"]:
-                peak = max(peak, server_rss_mb(target.pid) or 0.0)
+                peak = max(peak, total_rss_mb(target.pid))
                 if time.monotonic() - waited > args.drain_timeout:
                     break
                 await asyncio.sleep(1)
             indexed_after = round(time.monotonic() - waited)
             await asyncio.sleep(10)  # what the last run freed is given back
-            after = server_rss_mb(target.pid) or 0.0
+            after = total_rss_mb(target.pid)
             result = posts.figures() | {
                 "indexed_after_s": indexed_after,
                 "rss_peak_mb": round(peak),
