@@ -43,7 +43,7 @@ KILL_AFTER_DEADLINE = 60.0
 STARTUP_TIMEOUT = 120.0  # loading the model takes a second or two; far more means it is broken
 # How much lower than the server a worker runs. At +10 the kernel gives a waking request thread
 # the core at once and a worker about a tenth of a contended core; on an idle machine, all of it.
-BACKGROUND_NICENESS = 19
+BACKGROUND_NICENESS = 10
 MAX_ANSWER_BYTES = 64 * 1024  # an answer is one short line; anything longer is a broken worker
 # What a broken or dead worker raises here: a closed pipe, an answer that is not ours, no answer.
 WORKER_FAILURES = (OSError, ValueError, KeyError, TypeError, TimeoutError)
