@@ -69,6 +69,12 @@ OUTCOMES = {UNAVAILABLE: "unavailable", NOTHING_FOUND: "nothing_found", NO_MEMOR
 # Gauges of /metrics that tell how far indexing lags (names as the metrics branch chooses them).
 LAG_METRIC = re.compile(r"^(\w*index\w*(?:wait|lag|pending|oldest)\w*)(\{[^}]*\})?\s+(\S+)$")
 PREFIX = "recall_server_"  # the metrics branch's names, shortened when printed
+# The server's own histogram of accepted posts: its latency without this client's share.
+INGEST_BUCKET = re.compile(
+    rf'^{PREFIX}ingest_duration_seconds_bucket{{(?=[^}}]*status="202")[^}}]*le="([^"]+)"[^}}]*}}'
+    r"\s+(\S+)$"
+)
+SERVER_SIDE_MS = (10, 50, 100, 250)  # the bounds whose share of posts is printed
 SATURATE_SETTINGS = {"RECALL_CONCURRENCY": "1", "RECALL_TIMEOUT": "0.25"}
 INGEST_BODIES = 2_000  # distinct synthetic bodies, reused with a new user and conversation id
 
@@ -420,6 +426,42 @@ async def recall_caller(
         calls.errors[f"session {type(exc).__name__}"] += 1
 
 
+async def ingest_buckets(
+    http: httpx2.AsyncClient, url: str, token: str | None
+) -> dict[float, float] | None:
+    """The server's count of 202 posts at or under each latency bound (cumulative since it
+    started), from its /metrics; None without one."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = await http.get(f"{url}/metrics", headers=headers, timeout=10)
+    except httpx2.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return {
+        float(m.group(1)): float(m.group(2))
+        for line in response.text.splitlines()
+        if (m := INGEST_BUCKET.match(line))
+    }
+
+
+def server_side_shares(
+    before: dict[float, float] | None, after: dict[float, float] | None
+) -> dict[str, float] | None:
+    """Of the posts accepted between two snapshots, the share the server answered within each
+    SERVER_SIDE_MS bound (its own clock: no client queueing in it)."""
+    if before is None or not after or not after.get(float("inf")):
+        return None
+    total = after[float("inf")] - before.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    return {
+        str(ms): round((after[ms / 1000] - before.get(ms / 1000, 0.0)) / total, 4)
+        for ms in SERVER_SIDE_MS
+        if ms / 1000 in after
+    }
+
+
 async def run_phase(
     name: str,
     target: Target,
@@ -438,6 +480,7 @@ async def run_phase(
     async with httpx2.AsyncClient(
         headers={"x-ingest-key": target.ingest_key}, limits=limits
     ) as http:
+        buckets_before = await ingest_buckets(http, target.url, args.metrics_token)
         sampling = asyncio.create_task(sampler.run(http, stop))
         tasks = []
         t0 = time.perf_counter()
@@ -471,6 +514,7 @@ async def run_phase(
         ingest.started = recall.started = t0
         await asyncio.gather(*tasks)
         ingest.ended = recall.ended = time.perf_counter()
+        buckets_after = await ingest_buckets(http, target.url, args.metrics_token)
         caught_up = None
         if name == "mixed":  # keep sampling until the index runs have caught up with the posts
             caught_up = await drain(http, target.url, timeout=args.drain_timeout)
@@ -483,6 +527,7 @@ async def run_phase(
             "workers": args.ingest_concurrency,
             "users": len(ingest_users),
             "rate": args.rate,
+            "server_side_within_ms": server_side_shares(buckets_before, buckets_after),
         }
     if recall_users:
         figures["recall"] = recall.figures() | {
@@ -521,6 +566,9 @@ def print_phase(figures: dict[str, Any], posts: Calls | None, recalls: Calls | N
     for calls in (posts, recalls):
         if calls is not None:
             print("  " + calls.line())
+    if ingest and (shares := ingest.get("server_side_within_ms")):
+        within = ", ".join(f"{share:.1%} within {ms} ms" for ms, share in shares.items())
+        print(f"  the same posts by the server's own clock (/metrics): {within}")
     if recalls is not None:
         print(f"  MCP HTTP statuses: {figures['recall']['mcp_http_statuses']}")
         if (timeout := figures["recall"].get("recall_timeout_s")) is not None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from benchmark.load import is_loopback_url, parse_args
+from benchmark.load import is_loopback_url, parse_args, server_side_shares
 from recall.testing import ROOT
 
 
@@ -45,3 +45,18 @@ def test_a_short_ingest_phase_prints_its_figures_and_stops() -> None:
     assert "ingest POST /turns:" in out and "answers {'202':" in out, out
     assert "5xx responses: 0" in out
     assert "server RSS MB:" in out and "load average" in out
+    # and the server's own clock (its /metrics) counted the same posts
+    assert "the same posts by the server's own clock (/metrics):" in out and "within 50 ms" in out
+
+
+def test_server_side_shares_count_only_the_posts_between_the_two_snapshots() -> None:
+    # given the server's cumulative 202 buckets before a phase (10 earlier posts, all fast) and
+    # after it (100 more: 80 within 10 ms, 95 within 50 ms)
+    inf = float("inf")
+    before = {0.01: 10.0, 0.05: 10.0, inf: 10.0}
+    after = {0.01: 90.0, 0.05: 105.0, inf: 110.0}
+    # when the shares are taken; then they are the phase's own, not the server's lifetime's
+    assert server_side_shares(before, after) == {"10": 0.8, "50": 0.95}
+    # and a server without /metrics, or no post in between, gives none
+    assert server_side_shares(None, after) is None
+    assert server_side_shares(after, after) is None
