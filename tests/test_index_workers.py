@@ -55,15 +55,20 @@ def thread_niceness(pid: int) -> list[int]:
     return values
 
 
+def pump_post_indexed(server: Server) -> int:
+    """Post alice's pump conversation and wait for its index run; the server's pid."""
+    assert server.post(conversation("alice", "pump", "The pump P-7 seal leaks again."))[0] == 202
+    server.wait_indexed("alice")
+    assert server.process is not None
+    return server.process.pid
+
+
 async def test_index_runs_embed_in_a_background_worker_in_the_servers_session(
     server: Server,
 ) -> None:
     # given a post, indexed
-    assert server.post(conversation("alice", "pump", "The pump P-7 seal leaks again."))[0] == 202
-    server.wait_indexed("alice")
+    pid = pump_post_indexed(server)
     # when we look at the server's processes
-    assert server.process is not None
-    pid = server.process.pid
     found = workers(pid)
     # then the run was a worker's: its own process group (a kill takes all of it), but the
     # server's session (the kernel's autogroup: in a session of its own, a worker would get as
@@ -83,10 +88,8 @@ async def test_a_killed_worker_is_replaced_and_later_posts_are_still_indexed(
     server: Server,
 ) -> None:
     # given a worker, idle after indexing alice's first post
-    assert server.post(conversation("alice", "pump", "The pump P-7 seal leaks again."))[0] == 202
-    server.wait_indexed("alice")
-    assert server.process is not None
-    killed = workers(server.process.pid)
+    pid = pump_post_indexed(server)
+    killed = workers(pid)
     assert killed
     # when it is killed (the OOM killer, an operator), then alice posts again
     for worker in killed:
@@ -97,7 +100,7 @@ async def test_a_killed_worker_is_replaced_and_later_posts_are_still_indexed(
     # then a new worker indexes it, and recall finds it
     server.wait_indexed("alice", timeout=120)
     assert "V-12 was replaced" in await server.recall("alice", "valve V-12")
-    assert not {w.pid for w in killed} & {w.pid for w in workers(server.process.pid)}
+    assert not {w.pid for w in killed} & {w.pid for w in workers(pid)}
     assert "index run failed" not in server.log()
 
 
