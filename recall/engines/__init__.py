@@ -27,14 +27,14 @@ def make_engine(settings: Settings) -> Engine:
             max_output_bytes=4 * settings.max_result_chars,
         )
     # Imported here: onnxruntime is heavy, and a funes deployment never needs it.
-    from recall.embedder import load_embedder
+    from recall.embedder import QUERY_THREADS, load_embedder
     from recall.engines.embedded import EmbeddedEngine
     from recall.engines.embedded.worker import IndexWorkers
 
     model, pooling = settings.embed_model_dir, settings.embed_pooling
     try:
         # This process embeds queries only; index runs embed in worker processes of their own.
-        embedder = load_embedder(model, pooling)
+        embedder = load_embedder(model, pooling, threads=QUERY_THREADS)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"embedding model: {exc}") from exc
     workers = IndexWorkers(
