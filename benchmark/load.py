@@ -61,14 +61,12 @@ from fastmcp.client.transports import StreamableHttpTransport
 from benchmark.history import generate
 from benchmark.run import machine, percentile
 from recall.conversations import user_dir_name
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
+from recall.metrics import OUTCOMES, PASSAGES, PREFIX
 from recall.testing import ROOT, LocalServer, make_server
 
 PHASES = ("ingest", "recall", "mixed", "saturate")
-OUTCOMES = {UNAVAILABLE: "unavailable", NOTHING_FOUND: "nothing_found", NO_MEMORY: "no_memory"}
-# Gauges of /metrics that tell how far indexing lags (names as the metrics branch chooses them).
+# Gauges of /metrics that tell how far indexing lags (printed without PREFIX).
 LAG_METRIC = re.compile(r"^(\w*index\w*(?:wait|lag|pending|oldest)\w*)(\{[^}]*\})?\s+(\S+)$")
-PREFIX = "recall_server_"  # the metrics branch's names, shortened when printed
 # The server's own histogram of accepted posts: its latency without this client's share.
 INGEST_BUCKET = re.compile(
     rf'^{PREFIX}ingest_duration_seconds_bucket{{(?=[^}}]*status="202")[^}}]*le="([^"]+)"[^}}]*}}'
@@ -179,10 +177,8 @@ class Sampler:
             pass
         if self.has_metrics is False:
             return
-        headers = {"authorization": f"Bearer {self.metrics_token}"} if self.metrics_token else {}
-        try:
-            response = await http.get(f"{self.url}/metrics", headers=headers, timeout=10)
-        except httpx2.HTTPError:
+        response = await get_metrics(http, self.url, self.metrics_token)
+        if response is None:
             return
         if response.status_code == 401:  # there, but guarded: say so rather than "absent"
             self.lag_metrics.append((at, "401: /metrics wants --metrics-token"))
@@ -226,21 +222,39 @@ class Sampler:
         return figures
 
 
-def rss_mb(pid: int | None) -> tuple[float, float] | None:
-    """RSS of the server process, and of its children in all (the embedded engine's index
-    workers, or funes processes), in MB."""
+async def get_metrics(
+    http: httpx2.AsyncClient, url: str, token: str | None
+) -> httpx2.Response | None:
+    """GET /metrics, with the server's METRICS_TOKEN when it has one; None when unreachable."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        return await http.get(f"{url}/metrics", headers=headers, timeout=10)
+    except httpx2.HTTPError:
+        return None
+
+
+def server_and_children(
+    pid: int | None, measure: Callable[[psutil.Process], float]
+) -> tuple[float, float] | None:
+    """``measure`` of the server process, and summed over its children (the embedded engine's
+    index workers, or funes processes); None when the server cannot be seen."""
     if pid is None:
         return None
     try:
         process = psutil.Process(pid)
-        server = process.memory_info().rss
+        server = measure(process)
     except psutil.Error:
         return None
-    children = 0
+    children = 0.0
     for child in process.children(recursive=True):
         with contextlib.suppress(psutil.Error):  # it may end as we look
-            children += child.memory_info().rss
-    return server / 2**20, children / 2**20
+            children += measure(child)
+    return server, children
+
+
+def rss_mb(pid: int | None) -> tuple[float, float] | None:
+    """RSS of the server process, and of its children in all, in MB."""
+    return server_and_children(pid, lambda p: p.memory_info().rss / 2**20)
 
 
 def total_rss_mb(pid: int | None) -> float:
@@ -250,21 +264,14 @@ def total_rss_mb(pid: int | None) -> float:
 
 
 def cpu_seconds(pid: int | None) -> tuple[float, float] | None:
-    """CPU seconds of the server process, and of its children (index workers, funes), the
-    ended ones included."""
-    if pid is None:
+    """CPU seconds of the server process, and of its children, the ended ones included."""
+    spent = server_and_children(pid, lambda p: sum(p.cpu_times()[:2]))  # user + system
+    if spent is None:
         return None
-    try:
-        process = psutil.Process(pid)
-        times = process.cpu_times()
-    except psutil.Error:
-        return None
-    children = times.children_user + times.children_system  # those that ended and were reaped
-    for child in process.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            child_times = child.cpu_times()
-            children += child_times.user + child_times.system
-    return times.user + times.system, children
+    with contextlib.suppress(psutil.Error):  # children that ended and were reaped
+        reaped = psutil.Process(pid).cpu_times()
+        return spent[0], spent[1] + reaped.children_user + reaped.children_system
+    return spent
 
 
 def listening_pid(url: str) -> int | None:
@@ -417,7 +424,7 @@ async def recall_caller(
                         "recall_my_conversations", {"query": queries[n % len(queries)]}
                     )
                     text = result.content[0].text  # type: ignore[union-attr]
-                    calls.record(started, OUTCOMES.get(text, "passages"))
+                    calls.record(started, OUTCOMES.get(text, PASSAGES))
                 except Exception as exc:  # counted, and the caller goes on
                     calls.errors[type(exc).__name__] += 1
                 if think:  # an agent reads the answer before it asks again
@@ -431,12 +438,8 @@ async def ingest_buckets(
 ) -> dict[float, float] | None:
     """The server's count of 202 posts at or under each latency bound (cumulative since it
     started), from its /metrics; None without one."""
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    try:
-        response = await http.get(f"{url}/metrics", headers=headers, timeout=10)
-    except httpx2.HTTPError:
-        return None
-    if response.status_code != 200:
+    response = await get_metrics(http, url, token)
+    if response is None or response.status_code != 200:
         return None
     return {
         float(m.group(1)): float(m.group(2))

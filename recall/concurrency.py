@@ -9,6 +9,8 @@ until its caller gave up on it: a thread cannot be killed, and a subprocess take
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
@@ -90,3 +92,24 @@ class BoundedRuns:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def kill_group(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """Stop a child that leads its own process group, and everything it started: SIGTERM,
+    then SIGKILL after ``grace`` seconds. Killing only the child could leave its own children
+    holding the pipes, and `wait()` would hang."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), grace)
+            if sig == signal.SIGTERM:
+                # the leader is gone; grandchildren may linger in the group
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            return
+        except TimeoutError:
+            continue

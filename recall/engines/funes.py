@@ -12,12 +12,12 @@ import logging
 import os
 import re
 import shutil
-import signal
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from recall.concurrency import kill_group
 from recall.conversations import RECALLED_BLOCK_TYPE
 from recall.engines.base import EngineError, ForgetWindows
 
@@ -97,7 +97,7 @@ async def run_process(
             timeout,
         )
     except BaseException:  # timeout, or the caller was cancelled (client went away)
-        await _kill_group(proc)
+        await kill_group(proc, KILL_GRACE)
         raise
     assert proc.returncode is not None
     return ProcessResult(
@@ -119,24 +119,6 @@ async def _read_tail(stream: asyncio.StreamReader, limit: int) -> bytes:
         kept += chunk
         del kept[:-limit]
     return bytes(kept)
-
-
-async def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE)
-            if sig == signal.SIGTERM:
-                # the leader is gone; grandchildren may linger in the group
-                os.killpg(proc.pid, signal.SIGKILL)
-            return
-        except ProcessLookupError:
-            return
-        except TimeoutError:
-            continue
 
 
 class FunesEngine:

@@ -26,20 +26,19 @@ import asyncio
 import contextlib
 import ctypes
 import json
-import logging
 import os
 import signal
 import sys
 from pathlib import Path
 
+from recall.concurrency import kill_group
 from recall.engines.base import EngineError
 from recall.logs import configure_logging
-
-log = logging.getLogger("recall.embedded")
 
 # A worker past its run's own deadline still stops at its next flush; past this much more, it is
 # stuck (or one flush is enormous) and is killed.
 KILL_AFTER_DEADLINE = 60.0
+KILL_GRACE = 1.0  # seconds from SIGTERM to SIGKILL when a worker is killed (kill_group)
 STARTUP_TIMEOUT = 120.0  # loading the model takes a second or two; far more means it is broken
 # How much lower than the server a worker runs. At +10 the kernel gives a waking request thread
 # the core at once and a worker about a tenth of a contended core; on an idle machine, all of it.
@@ -47,6 +46,7 @@ BACKGROUND_NICENESS = 10
 MAX_ANSWER_BYTES = 64 * 1024  # an answer is one short line; anything longer is a broken worker
 # What a broken or dead worker raises here: a closed pipe, an answer that is not ours, no answer.
 WORKER_FAILURES = (OSError, ValueError, KeyError, TypeError, TimeoutError)
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent thread ends
 READY = b'{"ready": true}\n'  # the worker's first line: the model is loaded
 
 
@@ -67,9 +67,7 @@ class _Worker:
         return None if error is None else str(error)
 
     async def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        await self.proc.wait()
+        await kill_group(self.proc, KILL_GRACE)
 
 
 class IndexWorkers:
@@ -166,8 +164,7 @@ def _die_with_parent(parent: int) -> None:
     """SIGKILL this process when the server's thread that started it ends (Linux), so a killed
     server never leaves a worker writing an index the next server also writes."""
     with contextlib.suppress(OSError, AttributeError):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the line above took effect
         os._exit(1)
 
