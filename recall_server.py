@@ -29,6 +29,7 @@ recall/metrics.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -428,6 +429,11 @@ def main() -> None:
         sys.exit(f"recall-server: {exc}")
     if problem := fit_descriptor_limit(settings.max_connections):
         sys.exit(f"recall-server: {problem}")
+    # What lives as long as the server (modules, the model, FastMCP's tables) leaves the garbage
+    # collector's view: its full collections over them stopped every request for 60-95 ms,
+    # about twice a minute under load (benchmark/README.md, "Load").
+    gc.collect()
+    gc.freeze()
     serve(app, settings)
 
 

@@ -46,13 +46,15 @@ def alive(process: psutil.Process) -> bool:
         return False
 
 
-def thread_niceness(pid: int) -> list[int]:
-    """The nice value of every thread of a process (onnxruntime's threads included)."""
-    values = []
+def thread_scheduling(pid: int) -> set[tuple[int, int]]:
+    """The (nice value, scheduling policy) of every thread of a process (onnxruntime's threads
+    included), from /proc/PID/task/TID/stat: fields 19 and 41."""
+    found = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
         stat = (task / "stat").read_text()
-        values.append(int(stat[stat.rindex(")") + 2 :].split()[16]))
-    return values
+        fields = stat[stat.rindex(")") + 2 :].split()  # field 3 onwards
+        found.add((int(fields[16]), int(fields[38])))
+    return found
 
 
 def pump_post_indexed(server: Server) -> int:
@@ -72,14 +74,15 @@ async def test_index_runs_embed_in_a_background_worker_in_the_servers_session(
     found = workers(pid)
     # then the run was a worker's: its own process group (a kill takes all of it), but the
     # server's session (the kernel's autogroup: in a session of its own, a worker would get as
-    # much CPU as the server whatever its nice value), every thread of it niced
+    # much CPU as the server whatever its priority), every thread of it niced and SCHED_IDLE
     assert found, "no index worker: the index run embedded in the server's own process"
     server_nice = os.getpriority(os.PRIO_PROCESS, pid)
     for worker in found:
         assert os.getpgid(worker.pid) == worker.pid != os.getpgid(pid)
         assert os.getsid(worker.pid) == os.getsid(pid)
-        assert min(thread_niceness(worker.pid)) >= server_nice + BACKGROUND_NICENESS
-    assert max(thread_niceness(pid)) == server_nice  # the server itself is not niced
+        assert thread_scheduling(worker.pid) == {(server_nice + BACKGROUND_NICENESS, os.SCHED_IDLE)}
+    # the server itself keeps its priority
+    assert thread_scheduling(pid) == {(server_nice, os.SCHED_OTHER)}
     # and what it indexed is found
     assert "P-7 seal leaks" in await server.recall("alice", "pump P-7 seal")
 

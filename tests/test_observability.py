@@ -4,8 +4,10 @@ through a real server over real HTTP."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import secrets
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,6 +17,7 @@ from conftest import FakeFunes, Server, conversation, make_server, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from test_auth import mcp_status
 
+import recall_server
 from recall.conversations import user_dir_name
 from recall.engines.base import NO_MEMORY, UNAVAILABLE
 
@@ -303,3 +306,27 @@ def test_a_timed_out_recall_logs_its_user_hash_in_json(
     assert [(line["level"], line["user"]) for line in failed] == [
         ("WARNING", user_dir_name("alice"))
     ]
+
+
+def test_the_server_leaves_its_startup_objects_out_of_the_garbage_collectors_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given the settings an operator gives, and a server that is built but not served
+    for name, value in make_server(tmp_path, ENGINE="embedded").env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", ["recall_server.py"])
+    monkeypatch.setattr(recall_server, "configure_logging", lambda *_: None)  # this process's
+    frozen_when_served: list[int] = []
+    monkeypatch.setattr(
+        recall_server, "serve", lambda *_: frozen_when_served.append(gc.get_freeze_count())
+    )
+    gc.unfreeze()
+    # when it starts
+    try:
+        recall_server.main()
+    finally:
+        gc.unfreeze()
+    # then by the time it serves, what it built at startup (modules, model, routes) is frozen:
+    # full collections no longer walk it, and no longer stop requests for tens of milliseconds
+    assert len(frozen_when_served) == 1
+    assert frozen_when_served[0] > 50_000
