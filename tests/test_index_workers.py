@@ -139,10 +139,7 @@ async def test_an_idle_worker_exits_and_the_next_post_starts_a_new_one(tmp_path:
     # given a server whose workers exit after a second idle, and alice's first post indexed
     settings = {"ENGINE": "embedded", "INDEX_DEBOUNCE": "0.1", "INDEX_WORKER_IDLE": "1"}
     with make_server(tmp_path, **settings).start() as server:
-        assert server.post(conversation("alice", "pump", "The pump P-7 seal leaks."))[0] == 202
-        server.wait_indexed("alice")
-        assert server.process is not None
-        pid = server.process.pid
+        pid = pump_post_indexed(server)
         first = workers(pid)
         assert first
         # when nothing is posted for a while

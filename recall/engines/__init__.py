@@ -41,7 +41,6 @@ def make_engine(settings: Settings) -> Engine:
         settings.index_concurrency,
         model,
         pooling,
-        settings.index_timeout,
         idle_exit=settings.index_worker_idle,
         log_level=settings.log_level,
         log_format=settings.log_format,

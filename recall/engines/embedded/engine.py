@@ -189,7 +189,7 @@ class EmbeddedEngine:
 
     async def index(self, home: Path) -> None:
         if self.index_workers is not None:
-            await self.index_workers.run(home)
+            await self.index_workers.run(home, self.index_timeout)
             return
         stop = RunStop(self.index_timeout)
         await run_in(

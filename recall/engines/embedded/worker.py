@@ -78,12 +78,10 @@ class IndexWorkers:
         size: int,
         model_dir: Path | None,
         pooling: str,
-        index_timeout: float,
         idle_exit: float = 60.0,
         log_level: str = "info",
         log_format: str = "text",
     ) -> None:
-        self.index_timeout = index_timeout
         self.idle_exit = idle_exit
         self._argv = [sys.executable, "-m", __name__, "--parent", str(os.getpid())]
         self._argv += ["--pooling", pooling, "--log-level", log_level, "--log-format", log_format]
@@ -93,7 +91,9 @@ class IndexWorkers:
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
 
-    async def run(self, home: Path) -> None:
+    async def run(self, home: Path, timeout: float) -> None:
+        """One index run of ``home`` in a worker, stopping at its next flush after ``timeout``
+        seconds (the engine's INDEX_TIMEOUT)."""
         async with self._slots:
             # One that died while idle (the OOM killer, an operator) is replaced by a new one.
             self._idle = [w for w in self._idle if w.proc.returncode is None]
@@ -102,7 +102,7 @@ class IndexWorkers:
                 worker.retirement.cancel()
             self._busy.add(worker)
             try:
-                error = await worker.ask(home, self.index_timeout)
+                error = await worker.ask(home, timeout)
             except BaseException as exc:  # cancelled, overran, died, or answered nonsense
                 await worker.kill()
                 if isinstance(exc, WORKER_FAILURES):
