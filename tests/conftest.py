@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -22,6 +23,9 @@ FAKE_FUNES = Path(__file__).resolve().parent / "fake_funes.py"
 def pytest_configure(config: pytest.Config) -> None:
     # Marked, not skipped: `pytest -q` runs them; `-m "not slow"` is a quicker local loop.
     config.addinivalue_line("markers", "slow: a long test (tens of seconds); runs by default")
+    # One cache of the derived int8 graph (recall/embedder.py) for every server the tests start
+    # (each gets a HOME of its own): derived once, not once per server. Passed through to them.
+    os.environ.setdefault("XDG_CACHE_HOME", str(ROOT / ".pytest_cache" / "xdg"))
 
 
 @dataclass

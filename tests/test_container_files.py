@@ -38,6 +38,7 @@ RUNTIME_ENV = frozenset(
         "PYTHONUNBUFFERED",
         "PIP_DISABLE_PIP_VERSION_CHECK",
         "HF_HUB_OFFLINE",
+        "XDG_CACHE_HOME",  # recall/embedder.py's model_cache(): the int8 graph baked at build
     }
 )
 

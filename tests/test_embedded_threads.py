@@ -27,6 +27,7 @@ class HeldEmbedder:
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
         self.dim = inner.dim
+        self.fingerprint = inner.fingerprint
         self.gate = threading.Event()
         self.entered = threading.Semaphore(0)
         self.finished = threading.Event()
@@ -54,6 +55,7 @@ class SlowEmbedder:
     def __init__(self, inner: Embedder, delay: float) -> None:
         self.inner = inner
         self.dim = inner.dim
+        self.fingerprint = inner.fingerprint
         self.delay = delay
 
     def embed(self, texts: list[str]) -> np.ndarray:

@@ -32,15 +32,17 @@ def make_engine(settings: Settings) -> Engine:
     from recall.engines.embedded.worker import IndexWorkers
 
     model, pooling = settings.embed_model_dir, settings.embed_pooling
+    int8 = settings.embed_compute == "int8"
     try:
         # This process embeds queries only; index runs embed in worker processes of their own.
-        embedder = load_embedder(model, pooling, threads=QUERY_THREADS)
+        embedder = load_embedder(model, pooling, threads=QUERY_THREADS, int8=int8)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"embedding model: {exc}") from exc
     workers = IndexWorkers(
         settings.index_concurrency,
         model,
         pooling,
+        int8=int8,
         idle_exit=settings.index_worker_idle,
         log_level=settings.log_level,
         log_format=settings.log_format,

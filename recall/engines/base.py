@@ -33,6 +33,11 @@ class Engine(Protocol):
         """True once an index run has produced something recall can read."""
         ...
 
+    def index_outdated(self, home: Path) -> bool:
+        """True when the index was built by another version of this engine (another layout or
+        model) and must be rebuilt; checked for every user when the server starts."""
+        ...
+
     def ready(self) -> str | None:
         """None when this engine can answer, else the name of the check that fails (GET /readyz
         reports it). Called on every readiness probe: cheap, and never loads anything."""

@@ -158,6 +158,9 @@ class FunesEngine:
     def has_memory(self, home: Path) -> bool:
         return (home / "memory").exists()
 
+    def index_outdated(self, home: Path) -> bool:
+        return False  # funes keeps its own index format and rebuilds it itself
+
     def ready(self) -> str | None:
         # Each call starts the binary afresh: it must still be there and executable.
         binary = Path(self.binary)

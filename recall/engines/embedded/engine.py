@@ -57,6 +57,7 @@ from recall.engines.embedded.store import (
     load_vectors,
     looks_like_db,
     neighbours,
+    outdated,
     reconcile,
 )
 from recall.engines.embedded.text import Query
@@ -181,6 +182,9 @@ class EmbeddedEngine:
         # The header, not just the file: a db overwritten with garbage counts as no index, so
         # the server rebuilds it rather than failing every recall until the user posts again.
         return looks_like_db(db_path(home))
+
+    def index_outdated(self, home: Path) -> bool:
+        return outdated(db_path(home), self.embedder)
 
     def ready(self) -> str | None:
         # The model is loaded when the engine is built (the server does not start without it)

@@ -7,7 +7,8 @@ The sources are the truth; the db is a disposable index. Rows are keyed like fun
 sha1("session:turn:block:split"), and carry a hash of the text that was embedded, so an index run
 embeds only new or changed text. Everything that changes what is stored (the table layout, the
 piece size, the embedded text, and the identifier rules in text.py that fill `ids`) needs a bump
-of SCHEMA: the next index run then rebuilds the db.
+of SCHEMA: the next index run then rebuilds the db, as it does when the embedder's fingerprint
+(the model and how it is run) is not the one the db was built with.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from recall.conversations import SOURCE_SUFFIX, is_recalled, read_source, source_files
-from recall.embedder import Embedder
+from recall.embedder import Embedder, packaged_fingerprint
 from recall.engines.embedded.text import fts_query, identifier_forms
 
 log = logging.getLogger("recall.embedded")
@@ -202,6 +203,34 @@ def _stamp(path: Path) -> str:
 # The db file: connect, corruption, discard
 
 
+def built_by(embedder: Embedder) -> dict[str, str]:
+    """What a db records of how it was built; a db built otherwise is rebuilt. Vectors of two
+    models (or of one model run two ways) must never be compared with each other."""
+    return {"schema": SCHEMA, "embedder": embedder.fingerprint}
+
+
+def recorded(con: sqlite3.Connection) -> dict[str, str]:
+    """What the db says of how it was built ({} for a new db)."""
+    found = dict(con.execute("SELECT key, value FROM meta WHERE key IN ('schema', 'embedder')"))
+    if found and "embedder" not in found:
+        # Built before dbs recorded their embedder: by the packaged model, as it then ran.
+        found["embedder"] = packaged_fingerprint()
+    return found
+
+
+def outdated(path: Path, embedder: Embedder) -> bool:
+    """Whether the db at ``path`` was built by another schema or model (False when there is
+    no readable db: that is for ``looks_like_db`` to tell)."""
+    try:
+        con = connect(path, create=False)
+        try:
+            return recorded(con) != built_by(embedder)
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
 def connect(path: Path, *, create: bool) -> sqlite3.Connection:
     # Autocommit mode with explicit BEGIN: every transaction is visible in the code. Recall opens
     # with mode=rw so that it never creates an empty db where an index run just moved one aside.
@@ -243,12 +272,11 @@ def reconcile(
     try:
         con.execute("PRAGMA journal_mode = WAL")
         con.executescript(SCHEMA_SQL)
-        schema = con.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-        if schema is None:
-            con.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA,))
-        elif schema[0] != SCHEMA:
-            # An older layout or embedded text: start over (the sources are the truth).
-            raise sqlite3.DatabaseError("index schema changed")
+        wanted = built_by(embedder)
+        if (found := recorded(con)) and found != wanted:
+            # Another layout, embedded text or model: start over (the sources are the truth).
+            raise sqlite3.DatabaseError("index built by another schema or model")
+        con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", wanted.items())
         known = dict(con.execute("SELECT conv, stamp FROM files").fetchall())
         sources = {p.name[: -len(SOURCE_SUFFIX)]: p for p in source_files(home)}
 

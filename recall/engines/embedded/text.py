@@ -164,10 +164,17 @@ def coverage(terms: Sequence[str], text: str, weights: Mapping[str, float] | Non
     """
     words = set(WORD.findall(text.lower()))
     ids = set(identifier_forms(text))
+    # The words' prefixes of each length asked for: a set lookup per term, not a scan of every
+    # word per term (a recall scores dozens of passages, on the thread that holds the GIL).
+    prefixes: dict[int, set[str]] = {}
+
+    def starts_a_word(prefix: str) -> bool:
+        if len(prefix) not in prefixes:
+            prefixes[len(prefix)] = {w[: len(prefix)] for w in words}
+        return prefix in prefixes[len(prefix)]
+
     return sum(
         (ID_COVERAGE if t in ids else 1) * (weights.get(t, 1.0) if weights else 1.0)
         for t in terms
-        if t in ids
-        or t in words
-        or (len(t) >= 4 and any(w.startswith(t[: max(4, len(t) - 2)]) for w in words))
+        if t in ids or t in words or (len(t) >= 4 and starts_a_word(t[: max(4, len(t) - 2)]))
     )

@@ -78,6 +78,8 @@ class IndexWorkers:
         size: int,
         model_dir: Path | None,
         pooling: str,
+        *,
+        int8: bool = False,
         idle_exit: float = 60.0,
         log_level: str = "info",
         log_format: str = "text",
@@ -87,6 +89,8 @@ class IndexWorkers:
         self._argv += ["--pooling", pooling, "--log-level", log_level, "--log-format", log_format]
         if model_dir is not None:
             self._argv += ["--model-dir", str(model_dir)]
+        if int8:  # the server's own graph: a query must meet passages embedded the same way
+            self._argv += ["--int8"]
         self._slots = asyncio.Semaphore(size)
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--model-dir", type=Path)
     parser.add_argument("--pooling", default="mean")
+    parser.add_argument("--int8", action="store_true")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--log-format", default="text")
     args = parser.parse_args(argv)
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     from recall.embedder import load_embedder
     from recall.engines.embedded.engine import RunStop, index_sources
 
-    embedder = load_embedder(args.model_dir, args.pooling)
+    embedder = load_embedder(args.model_dir, args.pooling, int8=args.int8)
     out = sys.stdout.buffer
     out.write(READY)
     out.flush()
