@@ -29,8 +29,16 @@ from recall.scheduler import needs_index
 ROOT = Path(__file__).resolve().parent.parent
 # The host's OpenBLAS settings travel with the child: on some processors older OpenBLAS builds
 # compute wrong results or crash without them.
-# XDG_CACHE_HOME: where the embedder's derived int8 graph is cached (derived once, not per server).
-PASSED_THROUGH = ("PATH", "LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "XDG_CACHE_HOME")
+# XDG_CACHE_HOME: where the embedder's derived int8 graph is cached (derived once, not per
+# server); EMBED_COMPUTE: so that the benchmarks (and the tests) can run on the int8 graph.
+PASSED_THROUGH = (
+    "PATH",
+    "LANG",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "XDG_CACHE_HOME",
+    "EMBED_COMPUTE",
+)
 
 
 def free_port() -> int:

@@ -115,7 +115,8 @@ def index_sources(home: Path, embedder: Embedder, stop: RunStop) -> None:
         except sqlite3.DatabaseError as exc:
             if not is_corrupt(exc):
                 raise
-            log.warning("embedded index of %s unreadable (%s); rebuilding", home.name, exc)
+            # Unreadable, or built by another schema or model (store.built_by).
+            log.warning("embedded index of %s not usable (%s); rebuilding", home.name, exc)
             discard(path)
             reconcile(home, path, embedder, stop.check)
     except sqlite3.Error as exc:
