@@ -126,8 +126,8 @@ class Settings(BaseSettings):
     embed_compute: Literal["float32", "int8"] = Field(
         "float32",
         description="`int8`: the model's matrix products in int8, from a graph derived once and "
-        "cached under `XDG_CACHE_HOME` (2.5 times faster queries, recall a few questions apart: "
-        "benchmark/README.md); switching rebuilds every index",
+        "cached under `XDG_CACHE_HOME` (a query's embedding 2.5 times faster, recall a few "
+        "questions apart: benchmark/README.md); switching rebuilds every index",
     )
 
     # Recall bounds: the brief's values (k 3 and a pool below 4 x k keep funes' reranker off).
