@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -173,8 +173,6 @@ class EmbeddedEngine:
         # Own bounded pools, never asyncio's shared default one (see recall/concurrency.py).
         self._index_pool = ThreadPoolExecutor(index_concurrency, thread_name_prefix="recall-index")
         self._recall_pool = ThreadPoolExecutor(recall_concurrency, thread_name_prefix="recall")
-        # One BM25 leg at a time per recall thread.
-        self._pool = ThreadPoolExecutor(recall_concurrency, thread_name_prefix="recall-bm25")
         self._forgetting = ForgetWindows()
 
     # -- the Engine protocol -------------------------------------------------------------------
@@ -263,22 +261,15 @@ class EmbeddedEngine:
 
     def _search(self, con: sqlite3.Connection, key: str, query: Query) -> list[Hit]:
         vectors = self._vectors(con, key)
-        # BM25 runs on a worker thread while this one embeds the query: the two take about as
-        # long, and SQLite and onnxruntime both release the GIL. The connection is used by one
-        # thread at a time (this one waits for the result before touching it again).
-        future = (
-            self._pool.submit(
-                lexical, con, query, vectors.common, self.candidates, len(vectors.ids)
-            )
+        # Both legs on this thread, one after the other. BM25 on a thread of its own, beside the
+        # embedding, saved a single recall 2 ms; under load the hand-off cost more than that
+        # (16 callers back to back: 4-20% fewer calls a second; benchmark/README.md, "Load").
+        by_words = (
+            lexical(con, query, vectors.common, self.candidates, len(vectors.ids))
             if query.terms
-            else None
+            else Lexical([], [], False)
         )
-        try:
-            qvec = self.embedder.embed([query.text])[0]
-        finally:
-            if future is not None:
-                wait([future])  # the connection must be idle before it is used or closed
-        by_words = future.result() if future is not None else Lexical([], [], False)
+        qvec = self.embedder.embed([query.text])[0]
         similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
         by_meaning, best_similarity = dense(vectors.ids, similarity, self.candidates)
         if nothing_relevant(by_words, best_similarity, self.min_similarity):

@@ -235,10 +235,7 @@ def connect(path: Path, *, create: bool) -> sqlite3.Connection:
     # Autocommit mode with explicit BEGIN: every transaction is visible in the code. Recall opens
     # with mode=rw so that it never creates an empty db where an index run just moved one aside.
     uri = f"file:{urllib.parse.quote(str(path))}?mode={'rwc' if create else 'rw'}"
-    # check_same_thread=False: recall hands its connection to a worker for the BM25 leg.
-    con = sqlite3.connect(
-        uri, uri=True, timeout=10.0, isolation_level=None, check_same_thread=False
-    )
+    con = sqlite3.connect(uri, uri=True, timeout=10.0, isolation_level=None)
     con.execute("PRAGMA busy_timeout = 10000")
     return con
 
