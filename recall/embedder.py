@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -70,6 +71,7 @@ class OnnxEmbedder:
         max_tokens: int = MAX_TOKENS,
         batch_size: int = BATCH,
         threads: int = THREADS,
+        fingerprint: str,
     ) -> None:
         # Imported here so that modules importing this one (for the protocol) stay light.
         import onnxruntime as ort
@@ -82,8 +84,7 @@ class OnnxEmbedder:
                 raise ModelUnavailable(f"embedding model file not found: {path}")
         self.pooling = pooling
         self.batch_size = batch_size
-        model_digest = hashlib.sha256(model_path.read_bytes()).hexdigest()[:16]
-        self.fingerprint = f"{model_digest}:{pooling}:{max_tokens}"
+        self.fingerprint = fingerprint
 
         try:
             tokenizer = Tokenizer.from_file(str(tokenizer_path))
@@ -231,12 +232,9 @@ def _quiet_root_logger() -> Iterator[None]:
 @contextlib.contextmanager
 def int8_graph(model: Path, cache: Path) -> Iterator[Path]:
     """The int8 graph of ``model``: from ``cache`` (derived there once, about 2 s, keyed by the
-    source file and the onnxruntime version), or, where ``cache`` cannot be written, derived
+    source file and the versions that derive it), or, where ``cache`` cannot be written, derived
     into a temporary directory that is gone once the caller has loaded it."""
-    import onnxruntime as ort
-
-    digest = hashlib.sha256(model.read_bytes()).hexdigest()[:16]
-    cached = cache / f"int8-{digest}-ort{ort.__version__}.onnx"
+    cached = cache / f"{int8_recipe()}-{file_digest(model)}.onnx"
     if cached.is_file():
         yield cached
         return
@@ -269,7 +267,13 @@ def load_embedder(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we batch ourselves; keep 2 cores
     source, tokenizer = _default_files() if model_dir is None else _files_in(model_dir)
     if not int8:
-        embedder = OnnxEmbedder(source, tokenizer, pooling=pooling, threads=threads)
+        embedder = OnnxEmbedder(
+            source,
+            tokenizer,
+            pooling=pooling,
+            threads=threads,
+            fingerprint=fingerprint(source, pooling),
+        )
         release_freed_memory()  # the graph optimiser's scratch space
         return embedder
     cache = cache or model_cache()
@@ -280,20 +284,50 @@ def load_embedder(
     # the CPU of the float32 graph's batches (benchmark/README.md, "Load", fourth pass).
     def from_cache() -> OnnxEmbedder:
         with int8_graph(source, cache) as model:
-            return OnnxEmbedder(model, tokenizer, pooling=pooling, threads=threads, batch_size=1)
+            try:
+                return OnnxEmbedder(
+                    model,
+                    tokenizer,
+                    pooling=pooling,
+                    threads=threads,
+                    batch_size=1,
+                    fingerprint=fingerprint(source, pooling, int8_recipe()),
+                )
+            except ModelUnavailable:
+                model.unlink(missing_ok=True)  # damaged: the next call derives it again
+                raise
 
     try:
         embedder = from_cache()
-    except ModelUnavailable:  # a damaged cached graph: derive it again, once
+    except ModelUnavailable:
         log.warning("cached int8 graph unreadable; deriving it again")
-        for stale in cache.glob("int8-*.onnx"):
-            stale.unlink(missing_ok=True)
         embedder = from_cache()
     release_freed_memory()  # the graph optimiser's and the quantiser's scratch space
     return embedder
 
 
 @functools.cache
+def file_digest(path: Path) -> str:
+    """A model file's content, in 16 hex (read once per process: model files do not change
+    under a running server)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def int8_recipe() -> str:
+    """What makes an int8 graph besides its source: the versions of the optimiser and the
+    quantiser that derive it."""
+    import onnxruntime as ort
+
+    return f"int8-ort{ort.__version__}-onnx{importlib.metadata.version('onnx')}"
+
+
+def fingerprint(model: Path, pooling: str, recipe: str = "") -> str:
+    """Names a model file and how it runs (float32 as shipped, or ``recipe``): vectors of two
+    fingerprints must never share an index."""
+    plain = f"{file_digest(model)}:{pooling}:{MAX_TOKENS}"
+    return f"{plain}:{recipe}" if recipe else plain
+
+
 def packaged_fingerprint() -> str:
     """The fingerprint of the packaged model run as shipped (float32, mean pooling): what built
     every db from before dbs recorded their embedder ("" when that package is missing)."""
@@ -301,7 +335,7 @@ def packaged_fingerprint() -> str:
         model, _ = _default_files()
     except ModelUnavailable:
         return ""
-    return f"{hashlib.sha256(model.read_bytes()).hexdigest()[:16]}:mean:{MAX_TOKENS}"
+    return fingerprint(model, "mean")
 
 
 def _files_in(model_dir: Path) -> tuple[Path, Path]:

@@ -209,12 +209,16 @@ def built_by(embedder: Embedder) -> dict[str, str]:
     return {"schema": SCHEMA, "embedder": embedder.fingerprint}
 
 
-def recorded(con: sqlite3.Connection) -> dict[str, str]:
-    """What the db says of how it was built ({} for a new db)."""
-    found = dict(con.execute("SELECT key, value FROM meta WHERE key IN ('schema', 'embedder')"))
+def stored(con: sqlite3.Connection) -> dict[str, str]:
+    """What the db itself records of how it was built ({} for a new db)."""
+    return dict(con.execute("SELECT key, value FROM meta WHERE key IN ('schema', 'embedder')"))
+
+
+def read_as_built(found: dict[str, str]) -> dict[str, str]:
+    """``stored`` as ``built_by`` would say it: a db from before dbs recorded their embedder
+    was built by the packaged model, as it then ran."""
     if found and "embedder" not in found:
-        # Built before dbs recorded their embedder: by the packaged model, as it then ran.
-        found["embedder"] = packaged_fingerprint()
+        return {**found, "embedder": packaged_fingerprint()}
     return found
 
 
@@ -224,7 +228,7 @@ def outdated(path: Path, embedder: Embedder) -> bool:
     try:
         con = connect(path, create=False)
         try:
-            return recorded(con) != built_by(embedder)
+            return read_as_built(stored(con)) != built_by(embedder)
         finally:
             con.close()
     except sqlite3.Error:
@@ -269,11 +273,12 @@ def reconcile(
     try:
         con.execute("PRAGMA journal_mode = WAL")
         con.executescript(SCHEMA_SQL)
-        wanted = built_by(embedder)
-        if (found := recorded(con)) and found != wanted:
-            # Another layout, embedded text or model: start over (the sources are the truth).
-            raise sqlite3.DatabaseError("index built by another schema or model")
-        con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", wanted.items())
+        wanted, found = built_by(embedder), stored(con)
+        if found != wanted:  # a new db, one from before the embedder was recorded, or another
+            if found and read_as_built(found) != wanted:
+                # Another layout, embedded text or model: start over (the sources are the truth).
+                raise sqlite3.DatabaseError("index built by another schema or model")
+            con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", wanted.items())
         known = dict(con.execute("SELECT conv, stamp FROM files").fetchall())
         sources = {p.name[: -len(SOURCE_SUFFIX)]: p for p in source_files(home)}
 
