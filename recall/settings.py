@@ -139,7 +139,9 @@ class Settings(BaseSettings):
         description="fused candidate pool (below 4 x k keeps funes' reranker off)",
     )
     recall_timeout: float = Field(10.0, gt=0, description="seconds per recall")
-    recall_concurrency: int = Field(4, ge=1, description="recalls at once")
+    recall_concurrency: int = Field(
+        4, ge=1, description="recalls at once (the embedded engine computes one per core at a time)"
+    )
     recall_half_life_days: float = Field(
         0.0, ge=0, description="recency weighting for the embedded engine (0: off)"
     )

@@ -34,6 +34,7 @@ from recall.engines.embedded import (
     coverage,
     db_path,
     fts_query,
+    identifier_forms,
     is_common,
     query_terms,
 )
@@ -711,3 +712,32 @@ def test_a_term_covers_a_passage_when_it_or_its_stem_begins_one_of_its_words(
         if t in words or (len(t) >= 4 and any(w.startswith(t[: max(4, len(t) - 2)]) for w in words))
     )
     assert coverage(terms, " ".join(words)) == expected
+
+
+async def test_each_passage_stores_the_identifiers_its_own_text_holds(
+    engine: EmbeddedEngine, home: Path
+) -> None:
+    # The lexical leg scores its candidates with the identifiers stored in the `ids` column
+    # rather than finding them in each text again: the column must hold exactly those of the
+    # passage's own text, also for a long turn split into pieces, ids at a piece's edge, ids in
+    # other scripts, and blobs too long to be ids.
+    filler = " ".join(f"step {n} of the K-{n} rollout" for n in range(400))
+    post(
+        home,
+        "c-ids",
+        "2026-04-01T09:00:00Z",
+        [
+            ("user", f"Ticket MT-4471, v2.3.1 and N-11; {filler} then FX-9 at the end."),
+            ("assistant", "Ключ ПК-17, 仕様-3, and a blob " + "ab12-" * 30 + "cd34."),
+        ],
+    )
+    await engine.index(home)
+    con = sqlite3.connect(db_path(home))
+    try:
+        rows = con.execute("SELECT text, ids FROM fts").fetchall()
+    finally:
+        con.close()
+    assert len(rows) > len(CORPUS) + 2  # the long turn was split
+    assert any("fx9" in ids.split() for _, ids in rows)
+    for text, ids in rows:
+        assert sorted(ids.split()) == sorted(identifier_forms(text))

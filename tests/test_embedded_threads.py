@@ -18,6 +18,7 @@ from recall.conversations import parse_conversation, write_conversation
 from recall.embedder import Embedder, OnnxEmbedder, load_embedder
 from recall.engines.base import EngineError
 from recall.engines.embedded import FLUSH_TEXTS, EmbeddedEngine, db_path
+from recall.engines.embedded.engine import usable_cores
 
 
 class HeldEmbedder:
@@ -127,6 +128,24 @@ async def test_recalls_never_use_more_threads_than_recall_concurrency(
     # Then no more than two recall threads ever ran, and the four queued ones never started
     assert held.most == 2
     assert await asyncio.wait_for(engine.recall(memory, "MT-4471"), 30)  # the pool is free again
+
+
+async def test_recalls_compute_on_no_more_threads_than_the_process_has_cores(
+    embedder: OnnxEmbedder, memory: Path
+) -> None:
+    # Given more recalls allowed at once than this process has cores, and that many recalls
+    cores = usable_cores()
+    held = HeldEmbedder(embedder)
+    engine = EmbeddedEngine(held, recall_concurrency=cores + 2)
+    recalls = [asyncio.create_task(engine.recall(memory, "MT-4471")) for _ in range(cores + 2)]
+    # When one per core is inside the model
+    await wait_entered(held, cores)
+    await asyncio.sleep(0.5)
+    # Then the others wait for a thread rather than contend for the cores, and all are answered
+    assert held.most == cores
+    held.gate.set()
+    answers = await asyncio.wait_for(asyncio.gather(*recalls), 60)
+    assert all("MT-4471" in answer for answer in answers)
 
 
 def many_conversations(home: Path, count: int) -> None:

@@ -17,6 +17,7 @@ so the db stays consistent).
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -127,6 +128,14 @@ def index_sources(home: Path, embedder: Embedder, stop: RunStop) -> None:
         release_freed_memory()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's cpuset sets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 @dataclass
 class _Load:
     """One user's matrix being loaded; recalls that miss the cache meanwhile wait for it."""
@@ -172,7 +181,13 @@ class EmbeddedEngine:
         self.index_timeout = index_timeout
         # Own bounded pools, never asyncio's shared default one (see recall/concurrency.py).
         self._index_pool = ThreadPoolExecutor(index_concurrency, thread_name_prefix="recall-index")
-        self._recall_pool = ThreadPoolExecutor(recall_concurrency, thread_name_prefix="recall")
+        # A recall is CPU work that holds the GIL for part of it: on more threads than cores,
+        # the threads only queue for the GIL and the cores (16 callers back to back, p99 8-20 ms
+        # lower on two threads than on four; benchmark/README.md, "Load"). Recalls admitted past
+        # that wait here, inside their RECALL_TIMEOUT.
+        self._recall_pool = ThreadPoolExecutor(
+            min(recall_concurrency, usable_cores()), thread_name_prefix="recall"
+        )
         self._forgetting = ForgetWindows()
 
     # -- the Engine protocol -------------------------------------------------------------------

@@ -126,13 +126,16 @@ def lexical(
     unknown_ids = bool(query.ids) and all(counts[i] == 0 for i in query.ids)
     # A wider BM25 pool, re-ordered by how much of the query each passage covers.
     rows = con.execute(
-        "SELECT rowid, text FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
+        "SELECT rowid, text, ids FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
         (fts_query(searched), IDS_COLUMN_WEIGHT, candidates * LEXICAL_POOL),
     ).fetchall()
     whole = sum((ID_COVERAGE if t in query.ids else 1) * weights[t] for t in query.terms)
     return Lexical(
-        pool=[rowid for rowid, _ in rows],
-        shares=[coverage(query.terms, text, weights) / whole if whole else 0.0 for _, text in rows],
+        pool=[rowid for rowid, _, _ in rows],
+        shares=[
+            coverage(query.terms, text, weights, ids) / whole if whole else 0.0
+            for _, text, ids in rows
+        ],
         unknown_ids=unknown_ids,
     )
 

@@ -152,7 +152,12 @@ def common_count(word: str, common_stems: Mapping[str, int] | frozenset[str]) ->
     return None
 
 
-def coverage(terms: Sequence[str], text: str, weights: Mapping[str, float] | None = None) -> float:
+def coverage(
+    terms: Sequence[str],
+    text: str,
+    weights: Mapping[str, float] | None = None,
+    ids: str | None = None,
+) -> float:
     """How much of the query a passage contains: the weights of the terms it has (1 each when
     no weights are given). A word counts by its stem-ish prefix; a whole identifier counts
     ID_COVERAGE times, so the id always outweighs a few shared words. A word shorter than four
@@ -161,9 +166,12 @@ def coverage(terms: Sequence[str], text: str, weights: Mapping[str, float] | Non
     BM25 sums evidence per term, so a short passage with the id alone can beat the one passage
     that has the id *and* the rest of the question ("line L-382 impeller QC"): among lexical
     candidates, the one covering more of the query ranks first.
+
+    ``ids`` is the passage's stored `ids` column (its identifier forms, space-separated), when the
+    caller has it: the same forms without reading the text for them again.
     """
     words = set(WORD.findall(text.lower()))
-    ids = set(identifier_forms(text))
+    held = set(identifier_forms(text) if ids is None else ids.split())
     # The words' prefixes of each length asked for: a set lookup per term, not a scan of every
     # word per term (a recall scores dozens of passages, on the thread that holds the GIL).
     prefixes: dict[int, set[str]] = {}
@@ -174,7 +182,7 @@ def coverage(terms: Sequence[str], text: str, weights: Mapping[str, float] | Non
         return prefix in prefixes[len(prefix)]
 
     return sum(
-        (ID_COVERAGE if t in ids else 1) * (weights.get(t, 1.0) if weights else 1.0)
+        (ID_COVERAGE if t in held else 1) * (weights.get(t, 1.0) if weights else 1.0)
         for t in terms
-        if t in ids or t in words or (len(t) >= 4 and starts_a_word(t[: max(4, len(t) - 2)]))
+        if t in held or t in words or (len(t) >= 4 and starts_a_word(t[: max(4, len(t) - 2)]))
     )
