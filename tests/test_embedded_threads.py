@@ -125,8 +125,9 @@ async def test_recalls_never_use_more_threads_than_recall_concurrency(
     # When the held calls are let go
     held.gate.set()
     await asyncio.gather(*recalls, return_exceptions=True)
-    # Then no more than two recall threads ever ran, and the four queued ones never started
-    assert held.most == 2
+    # Then no more than two recall threads ever ran (one, on a single core), and the four
+    # queued ones never started
+    assert held.most == min(2, usable_cores())
     assert await asyncio.wait_for(engine.recall(memory, "MT-4471"), 30)  # the pool is free again
 
 
