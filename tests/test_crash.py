@@ -10,10 +10,12 @@ import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -136,12 +138,19 @@ def kill_9(server: LocalServer) -> None:
 
 
 def integrity(path: Path) -> str:
-    """SQLite's own check of a database file, as a kill or a run left it."""
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return "; ".join(row[0] for row in con.execute("PRAGMA integrity_check"))
-    finally:
-        con.close()
+    """SQLite's own check of a database as a kill or a run left it, made on a copy: after a kill
+    its WAL may need recovery, which writes (a read-only open then fails: "attempt to write a
+    readonly database"), and the original stays as it was for the next start to recover."""
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / path.name
+        for suffix in ("", "-wal", "-shm"):
+            if (source := path.with_name(path.name + suffix)).exists():
+                shutil.copyfile(source, copy.with_name(copy.name + suffix))
+        con = sqlite3.connect(copy)
+        try:
+            return "; ".join(row[0] for row in con.execute("PRAGMA integrity_check"))
+        finally:
+            con.close()
 
 
 async def recall_all(server: LocalServer, user: str, queries: list[str]) -> dict[str, str]:
