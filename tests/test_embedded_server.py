@@ -16,6 +16,7 @@ from conftest import Server, conversation, make_server, turn, wait_for
 from recall.embedder import load_embedder, packaged_fingerprint
 from recall.engines.base import UNAVAILABLE
 from recall.engines.embedded import db_path
+from recall.engines.embedded.store import stored
 from recall.scheduler import needs_index
 
 USERS = ["alice", "bob", *(f"user-{n}" for n in range(2, 8))]
@@ -133,7 +134,7 @@ def built_by(server: Server, user: str) -> str:
     try:
         con = sqlite3.connect(f"file:{db_path(server.home(user))}?mode=ro", uri=True)
         try:
-            return dict(con.execute("SELECT key, value FROM meta")).get("embedder", "")
+            return stored(con).get("embedder", "")
         finally:
             con.close()
     except sqlite3.Error:

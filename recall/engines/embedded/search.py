@@ -133,7 +133,7 @@ def lexical(
     return Lexical(
         pool=[rowid for rowid, _, _ in rows],
         shares=[
-            coverage(query.terms, text, weights, ids) / whole if whole else 0.0
+            coverage(query.terms, text, weights, ids.split()) / whole if whole else 0.0
             for _, text, ids in rows
         ],
         unknown_ids=unknown_ids,

@@ -8,7 +8,7 @@ changes what is stored, so it needs a bump of `store.SCHEMA`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 WORD = re.compile(r"\w+")
@@ -156,7 +156,7 @@ def coverage(
     terms: Sequence[str],
     text: str,
     weights: Mapping[str, float] | None = None,
-    ids: str | None = None,
+    ids: Iterable[str] | None = None,
 ) -> float:
     """How much of the query a passage contains: the weights of the terms it has (1 each when
     no weights are given). A word counts by its stem-ish prefix; a whole identifier counts
@@ -167,11 +167,11 @@ def coverage(
     that has the id *and* the rest of the question ("line L-382 impeller QC"): among lexical
     candidates, the one covering more of the query ranks first.
 
-    ``ids`` is the passage's stored `ids` column (its identifier forms, space-separated), when the
-    caller has it: the same forms without reading the text for them again.
+    ``ids`` are the passage's identifier forms when the caller already has them (the index
+    stores them): the same forms without reading the text for them again.
     """
     words = set(WORD.findall(text.lower()))
-    held = set(identifier_forms(text) if ids is None else ids.split())
+    held = set(identifier_forms(text) if ids is None else ids)
     # The words' prefixes of each length asked for: a set lookup per term, not a scan of every
     # word per term (a recall scores dozens of passages, on the thread that holds the GIL).
     prefixes: dict[int, set[str]] = {}
