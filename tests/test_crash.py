@@ -56,6 +56,7 @@ class Ledger:
     acked: dict[tuple[str, str], int] = field(default_factory=dict)  # turns in the last 202
     markers: dict[tuple[str, str], str] = field(default_factory=dict)  # its word, in no other
     cut_off: int = 0  # posts whose connection the kill broke mid-request
+    in_flight: int = 0  # posts sent and not yet answered, now
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def body(self, key: tuple[str, str], turns: int | None = None) -> dict[str, Any]:
@@ -112,6 +113,8 @@ def post(server: LocalServer, body: dict[str, Any], ledger: Ledger) -> int | str
         headers={"content-type": "application/json", "x-ingest-key": server.ingest_key},
         method="POST",
     )
+    with ledger.lock:
+        ledger.in_flight += 1
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status
@@ -122,6 +125,9 @@ def post(server: LocalServer, body: dict[str, Any], ledger: Ledger) -> int | str
             return "down"
     except (OSError, http.client.HTTPException):
         pass
+    finally:
+        with ledger.lock:
+            ledger.in_flight -= 1
     ledger.cut_off += 1
     return "cut off"
 
@@ -194,6 +200,9 @@ async def test_nothing_acknowledged_is_lost_when_the_server_is_killed_again_and_
                     thread.start()
             time.sleep(rng.uniform(0.2, 1.2))
             indexing_at_kill.append(server.health()["indexing"])
+            # Then the first moment a post is on its way: a kill in the middle of a post is the
+            # case that matters, and at random moments alone some runs never had one.
+            wait_for(lambda: ledger.in_flight > 0, timeout=10, interval=0.005)
             kill_9(server)
             for user in USERS:  # the index as the kill left it
                 if (db := db_path(server.home(user))).exists():
