@@ -53,6 +53,7 @@ from recall import audit
 from recall.auth import build_verifier, user_from_token
 from recall.concurrency import BoundedRuns, run_in
 from recall.conversations import (
+    LONE_SURROGATE,
     InvalidConversation,
     parse_audit_request,
     parse_conversation,
@@ -62,7 +63,7 @@ from recall.conversations import (
     write_conversation,
 )
 from recall.engines import make_engine
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError, Recalled
 from recall.lifecycle import (
     Forgotten,
     Lifecycle,
@@ -133,6 +134,13 @@ def describe(exc: Exception) -> str:
 def log_timed(message: str, user_home: Path, seconds: float) -> None:
     """An info line on a user's timed work: the directory hash and seconds, also as JSON fields."""
     log.info(message, user_home.name, seconds, extra=user_fields(user_home, seconds))
+
+
+def search_query(query: str) -> str:
+    """What a query searches, from the tool and the memory page alike: trimmed, a cut character
+    (a lone UTF-16 surrogate, which the page's JSON may carry) made U+FFFD, at most
+    MAX_QUERY_CHARS."""
+    return LONE_SURROGATE.sub("\ufffd", query.strip())[:MAX_QUERY_CHARS]
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -335,21 +343,31 @@ def create_app(settings: Settings) -> Starlette:
             log.warning("recall refused: token has no %s claim", settings.jwt_user_claim)
             return UNAVAILABLE
         user_home = home(user)  # from the verified token, never from the query
-        query = query.strip()[:MAX_QUERY_CHARS]
+        query = search_query(query)
+        started = time.monotonic()
         answer = await search(user_home, query)
-        if user_home.is_dir():  # the user's own audit: who looked up what, which passages
-            line = audit.entry(token.client_id if token else None, query, answer)
-            try:
-                await run_in(writes, audit.append, user_home, line)
-            except OSError as exc:  # fail soft: the answer still goes out
-                log.warning("audit for user %s not written: %s", user_home.name, exc.strerror)
-        return answer
+        # The user's own audit: who looked up what, which passages. Under the user's gate, which
+        # an erase holds alone: a call that overlapped an erase leaves no line in what is left.
+        async with gates.post(user_home):
+            if user_home.is_dir() and not lifecycle.erased_since(user_home, started):
+                line = audit.entry(token.client_id if token else None, query, answer)
+                try:
+                    await run_in(writes, audit.append, user_home, line)
+                except OSError as exc:  # fail soft: the answer still goes out
+                    log.warning("audit for user %s not written: %s", user_home.name, exc.strerror)
+        return answer.text
 
     @metrics.recall
-    async def search(user_home: Path, query: str) -> str:
+    async def search(user_home: Path, query: str) -> Recalled:
+        started = time.monotonic()
+        found = await search_memory(user_home, query)
+        # A recall that overlapped an erase may have read what it erased: none of it goes out.
+        return Recalled(NO_MEMORY) if lifecycle.erased_since(user_home, started) else found
+
+    async def search_memory(user_home: Path, query: str) -> Recalled:
         if not engine.has_memory(user_home):
             if not source_files(user_home):
-                return NO_MEMORY
+                return Recalled(NO_MEMORY)
             # Conversations stored but no readable index (deleted, corrupt, not built yet).
             log.warning(
                 "recall for user %s: no readable index; rebuilding",
@@ -357,9 +375,9 @@ def create_app(settings: Settings) -> Starlette:
                 extra=user_fields(user_home),
             )
             scheduler.ensure(user_home)
-            return UNAVAILABLE
+            return Recalled(UNAVAILABLE)
         if not query:
-            return NOTHING_FOUND
+            return Recalled(NOTHING_FOUND)
         started = time.monotonic()
         try:
             found = await recalls.run(lambda: engine.recall(user_home, query))
@@ -374,9 +392,10 @@ def create_app(settings: Settings) -> Starlette:
                 recall_timed_out()
             if isinstance(exc, EngineError):
                 scheduler.ensure(user_home)  # an unreadable index is rebuilt, not waited on
-            return UNAVAILABLE
+            return Recalled(UNAVAILABLE)
         log_timed("recall for user %s in %.3fs", user_home, time.monotonic() - started)
-        return found[: settings.max_result_chars] or NOTHING_FOUND
+        found = found.cut(settings.max_result_chars)
+        return found if found.text else Recalled(NOTHING_FOUND)
 
     # --- the memory page (recall/memory_api.py): the person's bearer token, the tool's search ---
 
@@ -387,7 +406,7 @@ def create_app(settings: Settings) -> Starlette:
         writes,
         settings.jwt_user_claim,
         verifier.required_scopes,
-        MAX_QUERY_CHARS,
+        search_query,
     )
     for path, methods, endpoint in memory.routes():
         mcp.custom_route(path, methods)(endpoint)

@@ -430,7 +430,7 @@ async def evaluate_engines(
                 started = time.perf_counter()
                 found = await engine.recall(home, query.strip()[:MAX_QUERY_CHARS])
                 own.latencies_ms.append((time.perf_counter() - started) * 1000)
-                own.texts.append(found[: caps[k]] or NOTHING_FOUND)
+                own.texts.append(found.text[: caps[k]] or NOTHING_FOUND)
     return score(histories, answers)
 
 

@@ -1,14 +1,12 @@
 """The recall audit: every tool call appends one line to the user's own log, home/audit.jsonl.
 
-A line says when, which client (the token's `client_id`), the query searched, the outcome, and
-which passages were served: the time of each hit's turn (and its role, when the engine prints
-it), never their text. The audit is the user's data: it lives in their directory, so it goes
-with them, and only the ingest key's holder (`POST /audit`) and the user's own token (the memory
-page's `GET /api/me/audit`) read it back.
-
-Which passages were served is read from the answer itself, so the engine seam stays one text:
-both engines start each hit with a dated header line (the embedded engine's
-``[2026-10-08 14:05 UTC] user``, funes' ``[2026-10-08T14:05:07Z] gateway /work/x text  score=``).
+A line says when, which client (the token's `azp`/`client_id`, never the user), the query
+searched, the outcome, and which passages were served: for each, the conversation and turn it
+came from, the turn's time and its role (when the engine says), never their text. Where the
+passages came from is what the engine told (recall.engines.base.Passage), never read back out of
+the answer's text, which holds the user's own words. The audit is the user's data: it lives in
+their directory, so it goes with them, and only the ingest key's holder (`POST /audit`) and the
+user's own token (the memory page's `GET /api/me/audit`, a page at a time) read it back.
 """
 
 from __future__ import annotations
@@ -16,23 +14,17 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from recall.conversations import fsync_dir
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Recalled
 
 AUDIT_FILE = "audit.jsonl"
 OUTCOMES = {NO_MEMORY: "no_memory", NOTHING_FOUND: "nothing_found", UNAVAILABLE: "unavailable"}
-EMBEDDED_HEADER = re.compile(
-    r"^\[(?P<day>\d{4}-\d{2}-\d{2}) (?P<clock>\d{2}:\d{2}) UTC\] (?P<role>[a-z]+)$", re.MULTILINE
-)
-FUNES_HEADER = re.compile(
-    r"^\[(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z)\] \S+ \S+ \S+[ \t]+score=",
-    re.MULTILINE,
-)
+READ_BLOCK = 64 * 1024  # a page is read from the end backwards, this much at a time
 
 
 def now() -> str:
@@ -40,25 +32,24 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def served(answer: str) -> list[dict[str, str]]:
-    """The passages an answer holds: each hit's turn time (UTC) and role where shown."""
-    hits = [
-        (m.start(), {"ts": f"{m['day']}T{m['clock']}:00Z", "role": m["role"]})
-        for m in EMBEDDED_HEADER.finditer(answer)
-    ]
-    hits += [(m.start(), {"ts": m["ts"]}) for m in FUNES_HEADER.finditer(answer)]
-    return [hit for _, hit in sorted(hits, key=lambda h: h[0])]
-
-
-def entry(client: str | None, query: str, answer: str) -> dict[str, Any]:
+def entry(client: str | None, query: str, answer: Recalled) -> dict[str, Any]:
     """One audit line for a tool call that searched ``query`` and answered ``answer``."""
-    outcome = OUTCOMES.get(answer, "passages")
+    outcome = OUTCOMES.get(answer.text, "passages")
+    served = [
+        {
+            "conversation_id": p.conversation_id,
+            "turn": p.turn_id,
+            "ts": p.ts,
+            **({"role": p.role} if p.role else {}),
+        }
+        for p in answer.passages
+    ]
     return {
         "at": now(),
         "client": client,
         "query": query,
         "outcome": outcome,
-        "served": served(answer) if outcome == "passages" else [],
+        "served": served if outcome == "passages" else [],
     }
 
 
@@ -117,6 +108,51 @@ def _at(text: str) -> str:
     except ValueError:
         return ""
     return str(line.get("at", "")) if isinstance(line, dict) else ""
+
+
+def page(
+    home: Path, limit: int, before: int | None = None
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Up to ``limit`` audit lines, newest first, of those that start before byte ``before``
+    (None: the end), and the cursor of the next page (None: there is none). Read from the end
+    backwards, so a page costs what it holds, not what the whole audit holds. A line cut short
+    by a crash is skipped."""
+    try:
+        handle = open(home / AUDIT_FILE, "rb")  # noqa: SIM115 (closed below, after the reads)
+    except FileNotFoundError:
+        return [], None
+    with handle:
+        end = os.fstat(handle.fileno()).st_size
+        entries: list[dict[str, Any]] = []
+        for offset, raw in _lines_backwards(handle, end if before is None else min(before, end)):
+            if len(entries) == limit:
+                return entries, offset + len(raw) + 1  # the next page starts after this line
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(line, dict):
+                entries.append(line)
+    return entries, None
+
+
+def _lines_backwards(handle: IO[bytes], end: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, bytes) of each line that starts before ``end``, last first."""
+    position, tail = end, b""
+    while position > 0:
+        step = min(READ_BLOCK, position)
+        position -= step
+        handle.seek(position)
+        parts = (handle.read(step) + tail).split(b"\n")
+        tail = parts.pop(0)  # may begin in the block before
+        offset = position + len(tail) + 1
+        found = []
+        for part in parts:
+            found.append((offset, part))
+            offset += len(part) + 1
+        yield from ((at, raw) for at, raw in reversed(found) if raw.strip())
+    if tail.strip():
+        yield 0, tail
 
 
 def read(home: Path, since: str | None = None) -> list[dict[str, Any]]:

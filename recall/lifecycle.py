@@ -31,7 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -50,13 +50,14 @@ from recall.conversations import (
     read_source,
     source_files,
 )
-from recall.engines.base import Engine
+from recall.engines.base import Engine, ForgetWindows
 from recall.scheduler import IndexScheduler
 
 log = logging.getLogger("recall.lifecycle")
 
 TOMBSTONES = "tombstones.json"
 RECEIPTS_DIR = "_receipts"  # not a user directory: user directories are 24 hex characters
+EVERYTHING = "*"  # what an erasure's window hides: not a conversation id (those are [A-Za-z0-9_-])
 
 
 class Forgotten(Exception):
@@ -302,6 +303,14 @@ class Lifecycle:
     scheduler: IndexScheduler
     writes: Executor
     gates: UserGates
+    # The erasures under way or recently done, for the recalls that overlapped one (see
+    # erased_since), as the engines keep the forgets' for theirs.
+    erasures: ForgetWindows = field(default_factory=ForgetWindows)
+
+    def erased_since(self, home: Path, started: float) -> bool:
+        """Whether an erasure of ``home`` overlapped a recall that began at ``started``
+        (monotonic) and ends now: that recall may have read what the erasure removed."""
+        return bool(self.erasures.hidden(home, started))
 
     async def forget(self, home: Path, conversation_id: str, reason: str) -> dict[str, Any]:
         """The receipt of the forget (the earlier one when it was already forgotten)."""
@@ -334,10 +343,14 @@ class Lifecycle:
 
     async def erase(self, home: Path) -> dict[str, Any]:
         at = now_utc()
-        async with self.gates.erase(home), self.scheduler.exclusive(home):
-            removed = await run_in(self.writes, erase_home, home, at)
-            receipt = _receipt(home.name, "erase", at, removed={**removed, "index_rows": None})
-            await run_in(self.writes, add_receipt, self.data_dir, home.name, receipt)
+        window = self.erasures.open(home, EVERYTHING)
+        try:
+            async with self.gates.erase(home), self.scheduler.exclusive(home):
+                removed = await run_in(self.writes, erase_home, home, at)
+                receipt = _receipt(home.name, "erase", at, removed={**removed, "index_rows": None})
+                await run_in(self.writes, add_receipt, self.data_dir, home.name, receipt)
+        finally:
+            self.erasures.close(window)
         log.info("user %s: erased", home.name)
         return receipt
 

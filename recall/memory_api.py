@@ -15,7 +15,8 @@ What (docs/CONTRACTS.md, "The memory page"):
     POST /api/me/search {"query"}        the tool's answer, word for word, split into passages
     POST /api/me/forget {"conversation_id"}  Lifecycle.forget's receipt
     POST /api/me/erase {"confirm": "erase"}  Lifecycle.erase's receipt
-    GET  /api/me/audit                   the recall audit, newest first, passages linked
+    GET  /api/me/audit?limit=&before=    a page of the recall audit, newest first, passages
+                                         linked, and the cursor of the next page
 
 The search is the tool's own (the same function, bound, timeout and fail-soft answers) but is
 not audited: the audit says what the *assistant* looked up. The page is three static files
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from recall import audit
 from recall.auth import user_from_token
 from recall.concurrency import run_in
 from recall.conversations import CONVERSATION_ID, SOURCE_SUFFIX, is_recalled, read_source
-from recall.engines.base import EngineError
+from recall.engines.base import EngineError, Recalled
 from recall.lifecycle import Lifecycle, NotFound
 from recall.transport import BodyTooLarge, read_limited
 
@@ -53,6 +54,10 @@ ERASE_WORD = "erase"  # what the person types to erase everything
 MAX_BODY_BYTES = 16 * 1024  # a query or an id: anything larger is not the page talking
 BODY_TIMEOUT = 10.0  # seconds for such a small body
 FIRST_LINE_CHARS = 160  # what the list shows of a conversation's first turn
+# The audit comes a page at a time: a page's work (reading it, linking its passages) is bounded
+# by its size, whatever the audit and the conversations hold.
+AUDIT_PAGE = 20
+MAX_AUDIT_PAGE = 100
 
 # The page: this server's own script and style only; no inline code, no plugins, no framing, no
 # other origin; and (Chromium) no string may ever be assigned to innerHTML and the like.
@@ -158,41 +163,38 @@ def list_conversations(home: Path) -> list[dict[str, Any]]:
     return found
 
 
-def where_served(home: Path, served: list[dict[str, str]]) -> list[list[dict[str, Any]]]:
-    """For each served passage (its turn's time, and role when the engine prints it), the turns
-    still stored that it can be: the embedded engine gives the minute and the role, funes the
-    exact time. A forgotten conversation's passages lead nowhere."""
-    stored: list[tuple[str, str, str, int]] = []  # (ts, role, conversation id, seq)
-    for conversation_id in conversation_ids(home):
-        try:
-            turns = read_turns(home, conversation_id) or []
-        except (OSError, ValueError):
+def turn_places(home: Path, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """The seq of each (conversation id, turn id) that is still stored: each conversation read
+    once, up to the last turn wanted. A forgotten conversation's turns lead nowhere."""
+    by_conversation: dict[str, set[str]] = {}
+    for conversation_id, turn_id in wanted:
+        by_conversation.setdefault(conversation_id, set()).add(turn_id)
+    places = {}
+    for conversation_id, turn_ids in by_conversation.items():
+        if not CONVERSATION_ID.fullmatch(conversation_id):  # it names a file: only a safe id
             continue
-        stored += [(t["ts"], t["role"], conversation_id, t["seq"]) for t in turns]
-    places = []
-    for hit in served:
-        ts, role = hit.get("ts", ""), hit.get("role")
-        if role:
-            same = [s for s in stored if s[0][:16] == ts[:16] and s[1] == role]
-        else:
-            same = [s for s in stored if s[0][:19] == ts[:19]]
-        places.append([{"conversation_id": cid, "seq": seq} for _, _, cid, seq in same])
+        try:
+            with open(home / "src" / f"{conversation_id}{SOURCE_SUFFIX}", encoding="utf-8") as src:
+                for index, raw in enumerate(src):
+                    line = json.loads(raw) if raw.strip() else {}
+                    if line.get("turn_uuid") in turn_ids:
+                        places[(conversation_id, line["turn_uuid"])] = line.get("seq", index)
+                        turn_ids.discard(line["turn_uuid"])
+                        if not turn_ids:
+                            break
+        except (OSError, ValueError):  # gone, or unreadable right now: no link
+            continue
     return places
 
 
-def passages(answer_text: str) -> list[dict[str, Any]]:
-    """The tool's answer cut at each passage's dated header line (what audit.served reads)."""
-    starts = sorted(
-        m.start()
-        for pattern in (audit.EMBEDDED_HEADER, audit.FUNES_HEADER)
-        for m in pattern.finditer(answer_text)
-    )
-    found = []
-    for start, end in zip(starts, [*starts[1:], len(answer_text)], strict=False):
-        text = answer_text[start:end].rstrip("\n")
-        text = text.removesuffix("\n---").rstrip("\n")
-        found.append({"text": text, **audit.served(text)[0]})
-    return found
+def linked(hit: dict[str, Any], places: dict[tuple[str, str], int]) -> dict[str, Any]:
+    """A served passage with the turn it leads to (none when it is no longer stored, or an audit
+    line from before passages named their turn)."""
+    conversation_id, turn_id = hit.get("conversation_id"), hit.get("turn")
+    ids = (conversation_id, turn_id) if isinstance(conversation_id, str) else None
+    seq = places.get(ids) if ids and isinstance(turn_id, str) else None
+    turns = [] if seq is None else [{"conversation_id": conversation_id, "seq": seq}]
+    return {**hit, "turns": turns}
 
 
 # --- the routes --------------------------------------------------------------------------------
@@ -203,12 +205,12 @@ class MemoryApi:
     """The page and /api/me, wired to the server's own parts (recall_server.py)."""
 
     home: Callable[[str], Path]  # the user's directory (a hash of the id)
-    search: Callable[[Path, str], Awaitable[str]]  # the tool's search: bounds and fail-soft
+    search: Callable[[Path, str], Awaitable[Recalled]]  # the tool's search: bounds, fail-soft
     lifecycle: Lifecycle
     files: Executor  # the pool file work runs on (the server's write pool)
     user_claim: str  # JWT_USER_CLAIM
     required_scopes: list[str]  # the verifier's, as /mcp requires them
-    max_query_chars: int  # the tool's cut
+    clean_query: Callable[[str], str]  # the tool's own: what a query searched is
 
     def routes(self) -> list[tuple[str, list[str], Endpoint]]:
         """(path, methods, endpoint) for every route, to register as custom routes."""
@@ -281,14 +283,25 @@ class MemoryApi:
         query = body.get("query")
         if not isinstance(query, str):
             raise BadRequest("query: must be a string")
-        query = query.strip()[: self.max_query_chars]  # exactly what the tool searches
+        query = self.clean_query(query)  # exactly what the tool searches
         home = self.home(user)
-        text = await self.search(home, query)
-        found = passages(text)
-        places = await run_in(self.files, where_served, home, found)
-        for passage, turns in zip(found, places, strict=True):
-            passage["turns"] = turns
-        return answer({"query": query, "answer": text, "passages": found})
+        recalled = await self.search(home, query)
+        wanted = [(p.conversation_id, p.turn_id) for p in recalled.passages]
+        places = await run_in(self.files, turn_places, home, wanted)
+        found = [
+            linked(
+                {
+                    "text": recalled.text[p.start : p.end].rstrip("\n").removesuffix("\n---"),
+                    "conversation_id": p.conversation_id,
+                    "turn": p.turn_id,
+                    "ts": p.ts,
+                    **({"role": p.role} if p.role else {}),
+                },
+                places,
+            )
+            for p in recalled.passages
+        ]
+        return answer({"query": query, "answer": recalled.text, "passages": found})
 
     async def forget(self, request: Request, user: str) -> Response:
         body = await json_body(request)
@@ -309,14 +322,36 @@ class MemoryApi:
             raise BadRequest(f'confirm: must be the word "{ERASE_WORD}"')
         return answer(await self.lifecycle.erase(self.home(user)))
 
-    async def recall_audit(self, _: Request, user: str) -> Response:
+    async def recall_audit(self, request: Request, user: str) -> Response:
+        limit = query_number(request, "limit", AUDIT_PAGE, MAX_AUDIT_PAGE)
+        before = query_number(request, "before", None)
         home = self.home(user)
-        entries = list(reversed(await run_in(self.files, audit.read, home)))
+        entries, more = await run_in(self.files, audit.page, home, limit, before)
         served = [hit for entry in entries for hit in entry.get("served", [])]
-        places = iter(await run_in(self.files, where_served, home, served))
+        wanted = [
+            (hit["conversation_id"], hit["turn"])
+            for hit in served
+            if isinstance(hit.get("conversation_id"), str) and isinstance(hit.get("turn"), str)
+        ]
+        places = await run_in(self.files, turn_places, home, wanted)
         for entry in entries:
-            entry["served"] = [{**hit, "turns": next(places)} for hit in entry.get("served", [])]
-        return answer({"entries": entries})
+            entry["served"] = [linked(hit, places) for hit in entry.get("served", [])]
+        return answer({"entries": entries, "next": more})
+
+
+def query_number(
+    request: Request, name: str, default: int | None, most: int | None = None
+) -> int | None:
+    """A whole number from the query string (a page's size or cursor); BadRequest names it."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise BadRequest(f"{name}: must be a whole number")
+    value = int(raw)
+    if most is not None and not 1 <= value <= most:
+        raise BadRequest(f"{name}: must be from 1 to {most}")
+    return value
 
 
 def verified_token(request: Request) -> AccessToken | None:

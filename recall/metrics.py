@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from recall.concurrency import BoundedRuns
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Engine
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Engine, Recalled
 from recall.scheduler import IndexScheduler
 
 PREFIX = "recall_server_"
@@ -147,16 +147,16 @@ class Metrics:
         return measured
 
     def recall(
-        self, search: Callable[[Path, str], Awaitable[str]]
-    ) -> Callable[[Path, str], Awaitable[str]]:
+        self, search: Callable[[Path, str], Awaitable[Recalled]]
+    ) -> Callable[[Path, str], Awaitable[Recalled]]:
         """The server's search, counted and timed by outcome, told from the answer it gives."""
 
         @functools.wraps(search)
-        async def measured(home: Path, query: str) -> str:
+        async def measured(home: Path, query: str) -> Recalled:
             started = time.monotonic()
             _timed_out.set(False)
             answer = await search(home, query)  # fails soft: never raises
-            outcome = TIMEOUT if _timed_out.get() else OUTCOMES.get(answer, PASSAGES)
+            outcome = TIMEOUT if _timed_out.get() else OUTCOMES.get(answer.text, PASSAGES)
             self.recalls.labels(outcome).inc()
             self.recall_seconds.labels(outcome).observe(time.monotonic() - started)
             return answer

@@ -221,7 +221,7 @@ async def test_the_cache_stays_within_its_byte_budget_and_drops_the_least_recent
 
     async def loads_for(home: Path) -> int:
         before = spy.loads
-        assert "MT-" in await engine.recall(home, "status of the ticket")
+        assert "MT-" in (await engine.recall(home, "status of the ticket")).text
         assert 0 < engine.cached_bytes <= budget
         return spy.loads - before
 
@@ -249,15 +249,15 @@ async def test_a_matrix_larger_than_the_budget_serves_its_recall_and_is_not_kept
     await EmbeddedEngine(embedder).index(big)
     engine = EmbeddedEngine(embedder, cache_bytes=matrix_bytes * 3 // 2)
     spy = LoadSpy(engine, monkeypatch)
-    assert "MT-0041" in await engine.recall(homes[0], "MT-0041")
+    assert "MT-0041" in (await engine.recall(homes[0], "MT-0041")).text
     # When the heavy user recalls twice
     for _ in range(2):
-        assert "BIG-57" in await engine.recall(big, "BIG-57")
+        assert "BIG-57" in (await engine.recall(big, "BIG-57")).text
         # Then each recall is answered from a matrix that is not kept
         assert engine.cached_bytes == matrix_bytes
     assert spy.loads == 3
     # And the ordinary user's matrix was not evicted for it
-    assert "MT-0041" in await engine.recall(homes[0], "MT-0041")
+    assert "MT-0041" in (await engine.recall(homes[0], "MT-0041")).text
     assert spy.loads == 3
 
 
@@ -271,7 +271,7 @@ async def test_concurrent_recalls_for_one_uncached_user_load_its_matrix_once(
     results = await asyncio.gather(*(engine.recall(homes[1], "MT-1041") for _ in range(4)))
     # Then the matrix was built once, and every recall was answered from it
     assert spy.loads == 1
-    assert all("MT-1041" in r for r in results) and len(set(results)) == 1
+    assert all("MT-1041" in r.text for r in results) and len(set(results)) == 1
 
 
 async def test_different_users_load_their_matrices_in_parallel(
@@ -285,7 +285,7 @@ async def test_different_users_load_their_matrices_in_parallel(
         engine.recall(homes[0], "MT-0041"), engine.recall(homes[2], "MT-2041")
     )
     assert spy.loads == 2
-    assert "MT-0041" in results[0] and "MT-2041" in results[1]
+    assert "MT-0041" in results[0].text and "MT-2041" in results[1].text
 
 
 async def test_the_load_is_logged_with_its_size_and_directory_hash_never_the_user(

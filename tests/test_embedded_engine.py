@@ -337,7 +337,7 @@ async def test_an_identifier_finds_its_conversation_first(
 ) -> None:
     # Given a history with look-alike ids (MT-4417 next to MT-4471, N-12 next to N-11)
     # When the agent searches for one id
-    first = hits(await engine.recall(memory, query))[0]
+    first = hits((await engine.recall(memory, query)).text)[0]
     # Then the first hit is a turn of that id's conversation, not of a look-alike's
     assert expected in first
 
@@ -355,7 +355,7 @@ async def test_a_paraphrase_finds_its_conversation_within_k(
 ) -> None:
     # Given the fact stated in other words than the query's
     # When the agent asks in its own words
-    output = await engine.recall(memory, query)
+    output = (await engine.recall(memory, query)).text
     # Then one of the k hits (or its neighbours) carries the fact
     assert len(hits(output)) == 3
     assert expected in output
@@ -365,7 +365,7 @@ async def test_hits_come_with_the_turns_before_and_after(
     engine: EmbeddedEngine, memory: Path
 ) -> None:
     # When the best hit is the middle of a conversation
-    first = hits(await engine.recall(memory, "N-11"))[0]
+    first = hits((await engine.recall(memory, "N-11")).text)[0]
     # Then it has a dated header and the turns on either side, marked as neighbours
     lines = first.splitlines()
     assert lines[0] == "[2026-02-20 15:01 UTC] assistant"
@@ -376,7 +376,9 @@ async def test_hits_come_with_the_turns_before_and_after(
 
 async def test_the_same_passage_is_never_two_hits(engine: EmbeddedEngine, memory: Path) -> None:
     for query in ("MT-4471", "standup", "rollback plan", "tomato leaves"):
-        passages = [block.splitlines()[1] for block in hits(await engine.recall(memory, query))]
+        passages = [
+            block.splitlines()[1] for block in hits((await engine.recall(memory, query)).text)
+        ]
         assert len(passages) == len(set(passages))
 
 
@@ -389,9 +391,9 @@ async def test_a_later_statement_outranks_an_older_one_with_recency_on(
     recent = EmbeddedEngine(embedder, k=3, half_life_days=30)
     await plain.index(home)
     # When recency is off, the older statement (more words in common) ranks first
-    assert "9:30" in hits(await plain.recall(home, query))[0]
+    assert "9:30" in hits((await plain.recall(home, query)).text)[0]
     # Then with a 30-day half-life the later statement comes first
-    assert "10:15" in hits(await recent.recall(home, query))[0]
+    assert "10:15" in hits((await recent.recall(home, query)).text)[0]
 
 
 # -- index runs reconcile with the sources --------------------------------------------------------
@@ -425,43 +427,43 @@ async def test_a_conversation_reposted_longer_gains_its_new_turns_and_nothing_is
     await engine.index(home)
     assert counting.texts == []
     # And the new fact is found
-    assert "release 3.3" in hits(await engine.recall(home, "QA-77"))[0]
+    assert "release 3.3" in hits((await engine.recall(home, "QA-77")).text)[0]
 
 
 async def test_an_edited_turn_replaces_the_old_text(engine: EmbeddedEngine, indexed: Path) -> None:
     start, turns = CORPUS["c0b77-cluster"]
     post(indexed, "c0b77-cluster", start, [turns[0], ("assistant", "Search moved to K-9.")])
     await engine.index(indexed)
-    output = await engine.recall(indexed, "which cluster runs the search service")
+    output = (await engine.recall(indexed, "which cluster runs the search service")).text
     assert "K-9" in output and "K-2" not in output
 
 
 async def test_a_removed_source_disappears_after_the_next_index_run(
     engine: EmbeddedEngine, indexed: Path
 ) -> None:
-    assert "tomato" in await engine.recall(indexed, "tomato leaves turning yellow")
+    assert "tomato" in (await engine.recall(indexed, "tomato leaves turning yellow")).text
     # Given the garden conversation is deleted
     (indexed / "src" / "c5a6c-garden.funes.jsonl").unlink()
     # When the next index run happens
     await engine.index(indexed)
     # Then nothing of it is found any more
-    output = await engine.recall(indexed, "tomato leaves turning yellow")
+    output = (await engine.recall(indexed, "tomato leaves turning yellow")).text
     assert "tomato" not in output and "nitrogen" not in output
 
 
 async def test_a_shrunk_source_loses_its_dropped_turns(
     engine: EmbeddedEngine, indexed: Path
 ) -> None:
-    assert "N-12" in await engine.recall(indexed, "N-12 rollback")
+    assert "N-12" in (await engine.recall(indexed, "N-12 rollback")).text
     # Given the runbook conversation re-posted with its first two turns only, the second one
     # regenerated (an unchanged prefix would be a stale post, which writes nothing)
     start, turns = CORPUS["c88e1-runbook"]
     post(indexed, "c88e1-runbook", start, [turns[0], ("assistant", "See N-11 in the wiki.")])
     await engine.index(indexed)
     # Then the dropped turns are gone, and the kept ones remain
-    output = await engine.recall(indexed, "N-12 rollback")
+    output = (await engine.recall(indexed, "N-12 rollback")).text
     assert "N-12" not in output and "And the rollback plan?" not in output
-    assert "N-11" in await engine.recall(indexed, "N-11")
+    assert "N-11" in (await engine.recall(indexed, "N-11")).text
 
 
 async def test_an_unparseable_source_is_skipped_without_logging_its_text(
@@ -470,7 +472,7 @@ async def test_an_unparseable_source_is_skipped_without_logging_its_text(
     (home / "src" / "broken.funes.jsonl").write_text('{"secret": "hunter2"\n', encoding="utf-8")
     (home / "src" / "wrong.funes.jsonl").write_text('{"secret": "hunter2"}\n', encoding="utf-8")
     await engine.index(home)
-    assert "MT-4471" in hits(await engine.recall(home, "MT-4471"))[0]
+    assert "MT-4471" in hits((await engine.recall(home, "MT-4471")).text)[0]
     assert "broken.funes.jsonl" in caplog.text and "wrong.funes.jsonl" in caplog.text
     assert "hunter2" not in caplog.text
 
@@ -484,7 +486,7 @@ async def test_a_long_turn_is_split_and_its_middle_is_found(
     post(home, "c1-long", "2026-01-01T00:00:00Z", [("user", filler + fact + filler)])
     engine = EmbeddedEngine(embedder, k=3, max_chars=1000)
     await engine.index(home)
-    output = await engine.recall(home, "ZX-9917")
+    output = (await engine.recall(home, "ZX-9917")).text
     assert "ZX-9917" in hits(output)[0]
     assert len(output) <= 1000
 
@@ -520,7 +522,7 @@ async def test_fts_syntax_in_a_query_is_plain_text(
 ) -> None:
     # Given a turn that holds FTS5 operator characters literally, next to a rare word
     # When the query is those characters and that word, as FTS5 would read an operator
-    output = await engine.recall(syntax_memory, f"{FTS_SYNTAX[n]} {rare_word(n)}")
+    output = (await engine.recall(syntax_memory, f"{FTS_SYNTAX[n]} {rare_word(n)}")).text
     # Then the search is for the words in it: that turn comes first, as written
     assert hits(output) and syntax_turn(n) in hits(output)[0]
 
@@ -537,17 +539,17 @@ async def test_an_empty_memory_or_query_gives_nothing(
 ) -> None:
     home = tmp_path / "nobody"
     assert not engine.has_memory(home)
-    assert await engine.recall(home, "anything") == ""
+    assert (await engine.recall(home, "anything")).text == ""
     await engine.index(home)  # no sources yet
     assert engine.has_memory(home)
-    assert await engine.recall(home, "anything") == ""
-    assert await engine.recall(home, "   ") == ""
+    assert (await engine.recall(home, "anything")).text == ""
+    assert (await engine.recall(home, "   ")).text == ""
 
 
 async def test_a_corrupt_db_fails_recall_and_is_rebuilt_by_the_next_index_run(
     engine: EmbeddedEngine, indexed: Path
 ) -> None:
-    assert "MT-4471" in await engine.recall(indexed, "MT-4471")  # the matrix is now cached
+    assert "MT-4471" in (await engine.recall(indexed, "MT-4471")).text  # the matrix is now cached
     # Given the db file overwritten with garbage
     path = db_path(indexed)
     for suffix in ("-wal", "-shm"):
@@ -558,7 +560,7 @@ async def test_a_corrupt_db_fails_recall_and_is_rebuilt_by_the_next_index_run(
         await engine.recall(indexed, "MT-4471")
     # Then the next index run rebuilds it from the sources
     await engine.index(indexed)
-    assert "MT-4471" in hits(await engine.recall(indexed, "MT-4471"))[0]
+    assert "MT-4471" in hits((await engine.recall(indexed, "MT-4471")).text)[0]
 
 
 class OtherModel(CountingEmbedder):
@@ -622,7 +624,7 @@ async def test_index_and_recall_for_one_user_can_overlap(
     during: dict[str, str] = {}  # recalls that began and ended while the run went on
     while not run.done():
         query = next(queries)
-        answer = await engine.recall(indexed, query)
+        answer = (await engine.recall(indexed, query)).text
         if not run.done():
             during[query] = answer
     await run
@@ -631,7 +633,7 @@ async def test_index_and_recall_for_one_user_can_overlap(
     assert all(answer for answer in during.values())
     assert "MT-4471" in during.get("MT-4471", "MT-4471")
     # and afterwards the new text is searchable
-    assert "Extra note 7." in await engine.recall(indexed, "extra note 7")
+    assert "Extra note 7." in (await engine.recall(indexed, "extra note 7")).text
 
 
 # -- the text the agent reads --------------------------------------------------------------------
@@ -641,7 +643,7 @@ async def test_the_output_names_no_conversation_ids_chunk_ids_or_paths(
     engine: EmbeddedEngine, memory: Path
 ) -> None:
     outputs = [
-        await engine.recall(memory, q)
+        (await engine.recall(memory, q)).text
         for q in ("MT-4471", "standup", "rollback", "Lisbon", "c7f3a-mobile-login")
     ]
     text = "\n".join(outputs)
@@ -669,7 +671,7 @@ async def test_the_output_never_exceeds_max_chars(
     # Given hits whose passages and neighbours are each longer than the whole budget
     engine = EmbeddedEngine(embedder, k=3, max_chars=max_chars)
     # When recalled under a small and a large cap
-    output = await engine.recall(long_home, "MT-4471 rollout")
+    output = (await engine.recall(long_home, "MT-4471 rollout")).text
     # Then the text fits, and still starts with a dated hit
     assert 0 < len(output) <= max_chars
     assert output.startswith("[2026-01-01 00:0")

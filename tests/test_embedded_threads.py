@@ -128,7 +128,7 @@ async def test_recalls_never_use_more_threads_than_recall_concurrency(
     # Then no more than two recall threads ever ran (one, on a single core), and the four
     # queued ones never started
     assert held.most == min(2, usable_cores())
-    assert await asyncio.wait_for(engine.recall(memory, "MT-4471"), 30)  # the pool is free again
+    assert (await asyncio.wait_for(engine.recall(memory, "MT-4471"), 30)).text  # the pool is free
 
 
 async def test_recalls_compute_on_no_more_threads_than_the_process_has_cores(
@@ -146,7 +146,7 @@ async def test_recalls_compute_on_no_more_threads_than_the_process_has_cores(
     assert held.most == cores
     held.gate.set()
     answers = await asyncio.wait_for(asyncio.gather(*recalls), 60)
-    assert all("MT-4471" in answer for answer in answers)
+    assert all("MT-4471" in answer.text for answer in answers)
 
 
 def many_conversations(home: Path, count: int) -> None:
@@ -175,7 +175,7 @@ async def test_an_index_run_past_its_timeout_stops_between_flushes_and_keeps_wha
     # Then what the first flush committed is there and searchable, the rest is not yet
     done = indexed_conversations(home)
     assert 0 < done < FLUSH_TEXTS
-    assert "Note 1 about" in await engine.recall(home, "K-1 line")  # in the first flush
+    assert "Note 1 about" in (await engine.recall(home, "K-1 line")).text  # in the first flush
     # And the next run with time to spare completes it, from where the first stopped
     await EmbeddedEngine(embedder).index(home)
     assert indexed_conversations(home) == FLUSH_TEXTS

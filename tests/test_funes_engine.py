@@ -8,10 +8,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FakeFunes, Server, conversation, make_server, wait_for
+from conftest import FakeFunes, Server, conversation, make_server, turn, wait_for
 
+from recall.conversations import SOURCE_SUFFIX, parse_conversation, write_conversation
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
-from recall.engines.funes import HINT_LINE
+from recall.engines.funes import FunesEngine, parse_hits, render_hits
 
 
 def seed_alice(server: Server) -> None:
@@ -74,9 +75,34 @@ async def test_hint_lines_are_removed_and_passages_kept(
     assert str(funes_server.data_dir) not in answer
 
 
-def test_hint_pattern_removes_every_hint_line_and_nothing_else() -> None:
-    text = "[ts] gateway /w/ab text  score=1\n  → get s t --memory /x\nbody → get\n---\n"
-    assert HINT_LINE.sub("", text) == "[ts] gateway /w/ab text  score=1\nbody → get\n---\n"
+def test_funes_hits_are_read_by_their_header_and_hint_lines_whatever_a_turn_holds() -> None:
+    # Given funes output whose first turn holds a Markdown rule ("---") and a line shaped like
+    # a header, and a second hit cut short by the output cap (no closing ---)
+    out = (
+        "[2026-10-08T09:00:00Z] gateway /work/conv-one text  score=0.500\n"
+        "  → get conv-one t1 --memory /srv/data/abc/memory\n"
+        "Part one\n---\n[2031-05-05T05:05:05Z] a b c  score=9\nbody → get mentioned\n"
+        "  ~ [user text seq0] the question\n"
+        "---\n"
+        "[2026-10-09T09:00:00Z] gateway /work/conv-two text  score=0.400\n"
+        "  → get conv-two t7 --memory /srv/data/abc/memory\n"
+        "Second hit\n"
+    )
+    # When it is read
+    hits = parse_hits(out)
+    recalled = render_hits(hits)
+    # Then there are two hits, each whole, named by the full session and turn of its hint line
+    assert [(h.session, h.turn, h.ts) for h in hits] == [
+        ("conv-one", "t1", "2026-10-08T09:00:00Z"),
+        ("conv-two", "t7", "2026-10-09T09:00:00Z"),
+    ]
+    first = recalled.text[recalled.passages[0].start : recalled.passages[0].end]
+    assert "Part one\n---\n[2031-05-05T05:05:05Z]" in first and "the question" in first
+    # and no hint line (a path, a session id) reaches the agent, while the turn's words do
+    assert "→ get conv" not in recalled.text and "/srv/data" not in recalled.text
+    assert "body → get mentioned" in recalled.text
+    assert recalled.text.endswith("Second hit\n---\n")
+    assert parse_hits("no results\n") == []
 
 
 async def test_result_is_capped_at_max_result_chars(tmp_path: Path, fake_funes: FakeFunes) -> None:
@@ -146,8 +172,9 @@ async def test_a_runaway_funes_output_is_read_without_being_kept(
     fake_funes.control(mode="huge", huge_bytes=100_000_000)
     # When the agent recalls
     answer = await funes_server.recall("alice", "MT-4471")
-    # Then the answer is the capped head of it, and the server never held the output
-    assert answer.startswith("filler") and len(answer) <= 4000
+    # Then the answer holds none of it (no hit came within the kept head), and the server
+    # never held the output
+    assert answer == NOTHING_FOUND
     assert peak_rss(funes_server.process.pid) - before < 40_000_000
 
 
@@ -280,3 +307,63 @@ async def test_no_query_token_or_user_in_the_logs(funes_server: Server) -> None:
     assert "recall for user" in log  # recalls are logged, by hash
     for secret in ("zanzibar", "alice", "bob", "Priya", *funes_server.tokens.values()):
         assert secret not in log
+
+
+# --- turns whose own text holds a "---" line (item 13 of the third review) -------------------
+
+RULED = "Step one is done.\n---\nzephyrquartz is the second half of this turn."
+
+
+def write_source(home: Path, cid: str, *turns: dict[str, object]) -> None:
+    body = {"user": "alice", "conversation_id": cid, "turns": list(turns)}
+    assert write_conversation(home, parse_conversation(body))
+
+
+async def rebuild_started(fake_funes: FakeFunes) -> None:
+    while len(fake_funes.calls("index")) < 2:  # the first index run, then the forget's rebuild
+        await asyncio.sleep(0.05)
+
+
+async def test_a_turn_holding_a_markdown_rule_is_hidden_whole_while_its_forget_rebuilds(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # Given a funes memory in which the conversation to forget has a turn with a "---" line
+    home = tmp_path / "home"
+    write_source(home, "ruled", turn("user", RULED))
+    write_source(home, "kept", turn("user", "zephyrquartz is only a word here, nothing else."))
+    engine = FunesEngine(str(fake_funes.path))
+    await engine.index(home)
+    assert "second half" in (await engine.recall(home, "zephyrquartz second half")).text
+    # When its source is gone and the forget's rebuild is held before it swaps the memory in
+    (home / "src" / f"ruled{SOURCE_SUFFIX}").unlink()
+    gate = tmp_path / "gate"
+    fake_funes.control(index_gate=str(gate))
+    forgetting = asyncio.create_task(engine.forget(home, "ruled"))
+    await asyncio.wait_for(rebuild_started(fake_funes), 30)
+    during = await engine.recall(home, "zephyrquartz second half")
+    gate.touch()
+    await forgetting
+    # Then no part of the forgotten turn was served meanwhile, while the other conversation was
+    assert "second half" not in during.text and "Step one" not in during.text
+    assert "nothing else" in during.text
+    assert {p.conversation_id for p in during.passages} == {"kept"}
+
+
+async def test_a_recalled_turn_holding_a_markdown_rule_is_never_served(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # Given a turn answered from recall whose text holds a "---" line, after a question
+    home = tmp_path / "home"
+    write_source(
+        home,
+        "asked",
+        turn("user", "What did we note about zephyrquartz?", "2026-10-08T09:00:00Z"),
+        turn("assistant", RULED, "2026-10-08T09:01:00Z", recalled=True),
+    )
+    engine = FunesEngine(str(fake_funes.path))
+    await engine.index(home)
+    # When the agent searches words that only the recalled turn holds
+    found = await engine.recall(home, "second half step done")
+    # Then neither half of it is served as a passage
+    assert "second half" not in found.text and "Step one" not in found.text
+    assert found.passages == ()

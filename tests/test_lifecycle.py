@@ -16,7 +16,6 @@ from conftest import Server, conversation, install_fake_funes, make_server, turn
 
 from recall.audit import AUDIT_FILE as AUDIT
 from recall.engines.base import NO_MEMORY, ForgetWindows
-from recall.engines.funes import drop_sessions
 
 SECRET = "zephyrquartz"  # a word only the conversation to forget holds
 KEPT = "marigoldvector"  # a word only the conversation that stays holds
@@ -327,22 +326,6 @@ async def test_retention_forgets_conversations_whose_last_turn_is_older(
 
 
 # --- funes: hits of a conversation being forgotten are dropped until the swap ----------------
-
-
-def test_funes_output_drops_the_hits_of_forgotten_sessions() -> None:
-    out = (
-        "[2026-10-08T09:00:00Z] gateway /work/secret-c text  score=0.500\n"
-        "  → get secret-conv t1 --memory /m\n"
-        f"{SECRET}\n"
-        "---\n"
-        "[2026-10-09T09:00:00Z] gateway /work/secret-c text  score=0.400\n"
-        "  → get secret-conversation t1 --memory /m\n"
-        f"{KEPT}\n"
-        "---\n"
-    )
-    kept = drop_sessions(out, {"secret-conv"})
-    assert SECRET not in kept and KEPT in kept and kept.endswith("---\n")
-    assert drop_sessions("no results\n", {"secret-conv"}) == "no results\n"
 
 
 def test_a_funes_forget_goes_through_when_funes_rejects_another_file(

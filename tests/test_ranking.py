@@ -111,7 +111,7 @@ async def test_a_question_in_other_words_finds_its_fact_past_small_talk_naming_t
     engine = EmbeddedEngine(embedder, k=3, candidates=8)
 
     # When the question names the duty by other words, and the place
-    found = await engine.recall(home, "Who handles restocking oxygen at Ormford?")
+    found = (await engine.recall(home, "Who handles restocking oxygen at Ormford?")).text
 
     # Then the fact is the first passage, though every small-talk turn covers "Ormford" as well
     assert fact in hits(found)[0]
@@ -133,7 +133,7 @@ async def test_an_identifier_asked_alone_comes_first_among_many_alike(
     engine = EmbeddedEngine(embedder, k=3, candidates=8)
 
     # When each id is asked for alone
-    firsts = [hits(await engine.recall(home, f"KX-{1000 + n}"))[0] for n in range(40)]
+    firsts = [hits((await engine.recall(home, f"KX-{1000 + n}")).text)[0] for n in range(40)]
 
     # Then its own ticket comes first every time: similar ids never outvote the exact one
     assert [n for n, first in enumerate(firsts) if f"KX-{1000 + n}" not in first] == []
@@ -145,8 +145,10 @@ async def test_a_query_about_something_never_discussed_finds_nothing(
     engine = EmbeddedEngine(embedder, k=3, candidates=8)
 
     # When the user asks about a topic and an identifier the history never mentions
-    unrelated = await engine.recall(memory, "What did the vet say about the parrot's feathers?")
-    unknown_id = await engine.recall(memory, "ticket MT-5120 for motor P-7")
+    unrelated = (
+        await engine.recall(memory, "What did the vet say about the parrot's feathers?")
+    ).text
+    unknown_id = (await engine.recall(memory, "ticket MT-5120 for motor P-7")).text
 
     # Then nothing comes back (the server answers "Nothing relevant found ...")
     assert unrelated == ""
@@ -159,8 +161,8 @@ async def test_related_questions_still_find_their_passages(
     engine = EmbeddedEngine(embedder, k=3, candidates=8)
 
     # When the question paraphrases, or names a known identifier next to an unknown one
-    paraphrase = await engine.recall(memory, "who looks after the broken cooling upstairs?")
-    known_id = await engine.recall(memory, "MT-4471 or MT-9999 owner")
+    paraphrase = (await engine.recall(memory, "who looks after the broken cooling upstairs?")).text
+    known_id = (await engine.recall(memory, "MT-4471 or MT-9999 owner")).text
 
     # Then the passages are found
     assert any("Marcus Lee" in block for block in hits(paraphrase))
@@ -169,7 +171,7 @@ async def test_related_questions_still_find_their_passages(
 
 async def test_the_relevance_floor_can_be_turned_off(embedder: OnnxEmbedder, memory: Path) -> None:
     engine = EmbeddedEngine(embedder, k=3, candidates=8, min_similarity=0.0)
-    answer = await engine.recall(memory, "What did the vet say about the parrot's feathers?")
+    answer = (await engine.recall(memory, "What did the vet say about the parrot's feathers?")).text
     assert len(hits(answer)) == 3
 
 

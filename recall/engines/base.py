@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +22,39 @@ UNAVAILABLE = "Conversation memory is unavailable right now; continue without it
 
 class EngineError(Exception):
     """An index run or a recall failed; the message names the cause, never user text."""
+
+
+@dataclass(frozen=True)
+class Passage:
+    """Where one hit of an answer comes from, told by the engine that found it (never parsed
+    back out of the text, which holds the user's own words): its conversation and turn, the
+    turn's time and role, and the span of the answer's text that shows it. For the audit and
+    the memory page; the agent sees only the text."""
+
+    conversation_id: str
+    turn_id: str
+    ts: str  # the turn's time in UTC as stored, ...Z
+    role: str | None  # None where the engine does not say (funes prints no role)
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """A recall's answer: the text for the agent ("" when nothing matched), and its passages
+    in the order they appear in it."""
+
+    text: str
+    passages: tuple[Passage, ...] = ()
+
+    def cut(self, max_chars: int) -> Recalled:
+        """The first ``max_chars`` characters, with the passages that still show in them."""
+        if len(self.text) <= max_chars:
+            return self
+        kept = tuple(
+            replace(p, end=min(p.end, max_chars)) for p in self.passages if p.start < max_chars
+        )
+        return Recalled(self.text[:max_chars], kept)
 
 
 class Engine(Protocol):
@@ -47,8 +80,9 @@ class Engine(Protocol):
         """Bring the index in ``home`` up to date with ``home/src``; EngineError on failure."""
         ...
 
-    async def recall(self, home: Path, query: str) -> str:
-        """Passages for ``query`` as text for the agent, or "" when nothing matches.
+    async def recall(self, home: Path, query: str) -> Recalled:
+        """Passages for ``query``: the text for the agent ("" when nothing matches) and where
+        each passage comes from.
 
         Raise EngineError when the memory cannot be searched. Must be safe to cancel
         (the server cancels it on timeout) and to run while an index run is going on.

@@ -14,25 +14,29 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from recall.concurrency import kill_group
 from recall.conversations import RECALLED_BLOCK_TYPE
-from recall.engines.base import EngineError, ForgetWindows
+from recall.engines.base import EngineError, ForgetWindows, Passage, Recalled
 
 log = logging.getLogger("recall.funes")
 
-# funes prints "  → get <session> <turn> --memory <path>" after each hit for agents that can
-# call `get`. Ours cannot; the lines would only leak server paths and session ids.
+# funes prints "  → get <session> <turn> --memory <path>" after each hit's header for agents
+# that can call `get`. Ours cannot; the lines would only leak server paths and session ids. We
+# read them for where each hit comes from, and never pass them on.
 HINT_LINE = re.compile(r"^[ \t]*→ get .*(?:\n|$)", re.MULTILINE)
-HINT_SESSION = re.compile(r"^[ \t]*→ get (\S+) ", re.MULTILINE)  # the full session id of a hit
-HIT_END = re.compile(r"^---[ \t]*$\n?", re.MULTILINE)
-# A hit's header: "[<ts>] <harness> <workdir>/<session8> <block_type>  score=<s>".
-HIT_HEADER = re.compile(r"^\[[^\]\n]*\] \S+ \S+ (?P<block_type>\S+)[ \t]+score=")
+HINT = re.compile(r"^[ \t]*→ get (?P<session>\S+) (?P<turn>\S+)(?:[ \t]|$)")
+# A hit's header: "[<ts>] <harness> <workdir>/<session8> <block_type>  score=<s>". A hit starts
+# where such a line is followed by a hint line: a turn's own text may hold a "---" line or a line
+# shaped like a header, but not that pair.
+HIT_HEADER = re.compile(r"^\[(?P<ts>[^\]\n]*)\] \S+ \S+ (?P<block_type>\S+)[ \t]+score=\S*[ \t]*$")
+HIT_END = "---"  # the line that closes each hit
 # A neighbour line "  ~ [<role> <block_type> seq<N>] ..." of a turn answered from recall.
 RECALLED_NEIGHBOUR = re.compile(
-    rf"^(?P<lead>[ \t]*~ \[\S+ ){re.escape(RECALLED_BLOCK_TYPE)}(?= seq\d+\])", re.MULTILINE
+    rf"^(?P<lead>[ \t]*~ \[\S+ ){re.escape(RECALLED_BLOCK_TYPE)}(?= seq\d+\])"
 )
 LOCKED = "another funes memory operation is in progress"
 REJECTED = "a source file was rejected"
@@ -192,7 +196,7 @@ class FunesEngine:
                 continue
             raise EngineError(f"funes index exited {result.code}: {failure_kind(result.stderr)}")
 
-    async def recall(self, home: Path, query: str) -> str:
+    async def recall(self, home: Path, query: str) -> Recalled:
         started = time.monotonic()
         # `--` so a user who types "-k 100" is searching for that text, not passing a flag.
         argv = [self.binary, "recall", "-k", str(self.k), "--candidates", str(self.candidates)]
@@ -204,11 +208,15 @@ class FunesEngine:
             raise EngineError(f"funes could not start: {exc.strerror}") from exc
         if result.code != 0:
             raise EngineError(f"funes recall exited {result.code}: {failure_kind(result.stderr)}")
-        stdout = result.stdout
-        if hidden := self._forgetting.hidden(home, started):
-            stdout = drop_sessions(stdout, hidden)
-        text = HINT_LINE.sub("", stdout).strip()
-        return "" if text in ("no results", "") else drop_recalled_hits(text)
+        hidden = self._forgetting.hidden(home, started)
+        return render_hits(
+            hit
+            for hit in parse_hits(result.stdout)
+            # A forget under way (its rows may still be in the memory we read), or a turn
+            # answered from recall: funes knows nothing of either and ranks them like any other,
+            # so a recall may come back with fewer than k hits, or none.
+            if hit.session not in hidden and not hit.block_type.startswith(RECALLED_BLOCK_TYPE)
+        )
 
     async def forget(self, home: Path, conversation_id: str) -> None:
         """funes is append-only: rebuild the memory from the remaining sources in a fresh
@@ -237,18 +245,63 @@ class FunesEngine:
         """Nothing to stop: every funes process lives for one call."""
 
 
-def drop_sessions(stdout: str, sessions: set[str]) -> str:
-    """funes' agent-format output without the hits of these sessions."""
-    if not HINT_SESSION.search(stdout):
-        return stdout  # "no results", or nothing we can attribute
-    kept = []
-    for hit in HIT_END.split(stdout):
-        found = HINT_SESSION.search(hit)
-        if found and found.group(1) in sessions:
-            continue
-        kept.append(hit)
-    remaining = [hit for hit in kept if hit.strip()]
-    return "".join(hit.rstrip("\n") + "\n---\n" for hit in remaining)
+@dataclass(frozen=True)
+class FunesHit:
+    """One hit of funes' agent format: where it comes from (its header and hint line), and the
+    lines the agent reads (the header, the chunk, the neighbours; no hint, no closing ---)."""
+
+    ts: str
+    session: str
+    turn: str
+    block_type: str
+    lines: tuple[str, ...]
+
+
+def parse_hits(stdout: str) -> list[FunesHit]:
+    """funes' output read by its structure: a hit from a header line followed by a hint line up
+    to the next such pair, less the ``---`` that closes it. Anything else (``no results``, a
+    head with no hit) holds no passage."""
+    lines = stdout.splitlines()
+    starts = [
+        i for i in range(len(lines) - 1) if HIT_HEADER.match(lines[i]) and HINT.match(lines[i + 1])
+    ]
+    hits = []
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+        body = lines[start + 2 : end]
+        while body and not body[-1].strip():
+            body.pop()
+        if body and body[-1].strip() == HIT_END:  # missing on a last hit cut by the output cap
+            body.pop()
+        header, hint = HIT_HEADER.match(lines[start]), HINT.match(lines[start + 1])
+        assert header is not None and hint is not None
+        hits.append(
+            FunesHit(
+                header["ts"],
+                hint["session"],
+                hint["turn"],
+                header["block_type"],
+                (lines[start], *body),
+            )
+        )
+    return hits
+
+
+def render_hits(hits: Iterable[FunesHit]) -> Recalled:
+    """The hits as the agent reads them, each closed by ``---``, and where each comes from. A
+    turn answered from recall shown as a neighbour is labelled ``recalled``."""
+    text = ""
+    passages = []
+    for hit in hits:
+        block = "".join(
+            RECALLED_NEIGHBOUR.sub(r"\g<lead>recalled", line) + "\n" for line in hit.lines
+        )
+        block += HIT_END + "\n"
+        passages.append(
+            Passage(hit.session, hit.turn, hit.ts, None, len(text), len(text) + len(block))
+        )
+        text += block
+    return Recalled(text, tuple(passages))
 
 
 RENAME_EXCHANGE = 2  # linux/fs.h
@@ -271,30 +324,6 @@ def exchange(a: Path, b: Path) -> None:
     os.rename(b, aside)
     os.rename(a, b)
     os.rename(aside, a)
-
-
-def drop_recalled_hits(text: str) -> str:
-    """funes' hits less those of turns answered from recall (their block type is the mark, see
-    recall/conversations.py); such a turn shown as a neighbour is labelled ``recalled``.
-
-    funes itself knows nothing of the mark: it ranks those turns like any other, so a recall
-    may come back with fewer than k hits, or none ("" then).
-    """
-    kept: list[str] = []
-    block: list[str] = []
-    for line in text.splitlines(keepends=True):
-        block.append(line)
-        if line.rstrip("\n") == "---":
-            kept += _unless_recalled(block)
-            block = []
-    kept += _unless_recalled(block)  # a last block cut short (output cap) without its ---
-    return RECALLED_NEIGHBOUR.sub(r"\g<lead>recalled", "".join(kept)).strip()
-
-
-def _unless_recalled(block: list[str]) -> list[str]:
-    header = HIT_HEADER.match(block[0]) if block else None
-    # startswith: a funes that decorates the type ("tool_result(name)") still matches
-    return [] if header and header["block_type"].startswith(RECALLED_BLOCK_TYPE) else block
 
 
 def failure_kind(stderr: str) -> str:

@@ -31,7 +31,7 @@ import numpy as np
 
 from recall.concurrency import run_in
 from recall.embedder import Embedder, release_freed_memory
-from recall.engines.base import EngineError, ForgetWindows
+from recall.engines.base import EngineError, ForgetWindows, Recalled
 from recall.engines.embedded.render import NEIGHBOURS, render
 from recall.engines.embedded.search import (
     DENSE_WEIGHT,
@@ -223,9 +223,9 @@ class EmbeddedEngine:
         if self.index_workers is not None:
             await self.index_workers.close()
 
-    async def recall(self, home: Path, query: str) -> str:
+    async def recall(self, home: Path, query: str) -> Recalled:
         if not query.strip():
-            return ""
+            return Recalled("")
         return await run_in(self._recall_pool, self._recall, home, query)
 
     async def forget(self, home: Path, conversation_id: str) -> int:
@@ -250,10 +250,10 @@ class EmbeddedEngine:
 
     # -- recall ---------------------------------------------------------------------------------
 
-    def _recall(self, home: Path, text: str) -> str:
+    def _recall(self, home: Path, text: str) -> Recalled:
         path = db_path(home)
         if not path.is_file():
-            return ""
+            return Recalled("")
         query = Query.parse(text)  # once: the search and the rendering read the same analysis
         started = time.monotonic()
         try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from recall.engines.base import Passage, Recalled
 from recall.engines.embedded.search import Hit
 from recall.engines.embedded.store import Neighbour
 from recall.engines.embedded.text import Query
@@ -38,15 +39,20 @@ NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shor
 ELLIPSIS = "…"
 
 
-def render(hits: list[tuple[Hit, list[Neighbour]]], query: Query, max_chars: int) -> str:
-    """The hits in order, each given a fair share of what the ones before it left."""
+def render(hits: list[tuple[Hit, list[Neighbour]]], query: Query, max_chars: int) -> Recalled:
+    """The hits in order, each given a fair share of what the ones before it left; each shown
+    hit is a passage, its span its block."""
     out: list[str] = []
+    shown: list[Passage] = []
     remaining = max_chars
     for n, (hit, neighbours) in enumerate(hits):
         block = _render_hit(hit, neighbours, query.focus, remaining // (len(hits) - n))
+        if block:
+            start = max_chars - remaining
+            shown.append(Passage(hit.conv, hit.turn, hit.ts, hit.role, start, start + len(block)))
         out.append(block)
         remaining -= len(block)
-    return "".join(out)[:max_chars]
+    return Recalled("".join(out), tuple(shown)).cut(max_chars)
 
 
 def _render_hit(hit: Hit, neighbours: list[Neighbour], terms: Sequence[str], budget: int) -> str:

@@ -70,6 +70,7 @@ class Hit:
 
     id: int
     conv: str
+    turn: str  # the turn's id (turn_uuid): with conv, where the passage comes from
     seq: int
     ts: str
     epoch: float
@@ -209,11 +210,11 @@ def top_hits(
     marks = ",".join("?" * len(fused))
     asked = set(ids)
     hits = []
-    for rowid, conv, seq, ts, epoch, role, text, held in con.execute(
-        f"SELECT id, conv, seq, ts, epoch, role, text, ids FROM chunks WHERE id IN ({marks})",
+    for rowid, conv, turn, seq, ts, epoch, role, text, held in con.execute(
+        f"SELECT id, conv, turn, seq, ts, epoch, role, text, ids FROM chunks WHERE id IN ({marks})",
         list(fused),
     ):
-        hit = Hit(rowid, conv, seq, ts, epoch, role, text, fused[rowid])
+        hit = Hit(rowid, conv, turn, seq, ts, epoch, role, text, fused[rowid])
         if asked and asked <= set(held.split()):
             hit.score *= 1 + ID_BOOST
         hits.append(hit)
