@@ -50,7 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from recall import audit
-from recall.auth import build_verifier, user_from_token
+from recall.auth import build_verifier, client_of, user_from_token
 from recall.concurrency import BoundedRuns, run_in
 from recall.conversations import (
     InvalidConversation,
@@ -338,7 +338,7 @@ def create_app(settings: Settings) -> Starlette:
         query = query.strip()[:MAX_QUERY_CHARS]
         answer = await search(user_home, query)
         if user_home.is_dir():  # the user's own audit: who looked up what, which passages
-            line = audit.entry(token.client_id if token else None, query, answer)
+            line = audit.entry(client_of(token, user), query, answer)
             try:
                 await run_in(writes, audit.append, user_home, line)
             except OSError as exc:  # fail soft: the answer still goes out
