@@ -50,7 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from recall import audit
-from recall.auth import build_verifier, user_from_token
+from recall.auth import build_verifier, client_of, user_from_token
 from recall.concurrency import BoundedRuns, run_in
 from recall.conversations import (
     LONE_SURROGATE,
@@ -350,7 +350,7 @@ def create_app(settings: Settings) -> Starlette:
         # an erase holds alone: a call that overlapped an erase leaves no line in what is left.
         async with gates.post(user_home):
             if user_home.is_dir() and not lifecycle.erased_since(user_home, started):
-                line = audit.entry(token.client_id if token else None, query, answer)
+                line = audit.entry(client_of(token, user), query, answer)
                 try:
                     await run_in(writes, audit.append, user_home, line)
                 except OSError as exc:  # fail soft: the answer still goes out

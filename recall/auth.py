@@ -11,6 +11,7 @@ from fastmcp.utilities.auth import decode_jwt_header
 from joserfc import jwk
 from joserfc.errors import JoseError
 
+from recall.logs import vetted
 from recall.settings import PUBLIC_KEY_ALGORITHMS, ConfigError, Settings
 
 log = logging.getLogger(__name__)
@@ -28,21 +29,34 @@ REFUSAL_REASONS = (
 )
 # Algorithms a refusal may name; anything else in a token's header is the caller's free text.
 KNOWN_ALGORITHMS = frozenset({*PUBLIC_KEY_ALGORITHMS, "HS256", "HS384", "HS512", "none"})
+# How FastMCP quotes the token's `kid` ("key ID '%s' not found", "Key ID '...' not found in
+# JWKS"); "no key ID (kid) in token" quotes none.
+QUOTED_KID = "key id '"
+# What a line quoting the token's kid becomes: the kid is the caller's unverified text.
+KID_WITHHELD = "bearer token refused: no usable JWKS key for its key ID (kid withheld)"
+# Any exception while verifying: a malformed token (a header nested too deep, "exp": Infinity).
+MALFORMED = "bearer token refused: malformed token (details withheld)"
 
 
 class CallerNamesWithheld(logging.Filter):
-    """Rewrites FastMCP's verifier lines to a fixed text, so no claim value reaches the log.
+    """Rewrites FastMCP's verifier lines to a fixed text, so no claim or header value reaches
+    the log; what passes is vetted, so it is written at DEBUG too (recall/logs.py).
 
     Lines about the key set (JWKS) pass as they are: they quote the identity provider's keys,
-    not a caller, and an operator needs them to fix a key setup.
+    not a caller, and an operator needs them to fix a key setup. Those that quote the token's
+    key ID do not.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        vetted(record)
         template = str(record.msg)
         if "JWKS" in template:
-            return True
-        reason = next((text for mark, text in REFUSAL_REASONS if mark in template), None)
-        record.msg = f"bearer token refused: {reason or 'invalid token (details withheld)'}"
+            if QUOTED_KID not in record.getMessage().lower():
+                return True
+            record.msg = KID_WITHHELD
+        else:
+            reason = next((text for mark, text in REFUSAL_REASONS if mark in template), None)
+            record.msg = f"bearer token refused: {reason or 'invalid token (details withheld)'}"
         record.args = ()
         record.exc_info = record.exc_text = None
         return True
@@ -85,6 +99,26 @@ class VerifierPerAlgorithm(TokenVerifier):
         return await verifier.verify_token(token)
 
 
+class RefusedOnError(TokenVerifier):
+    """A verifier that never raises: any exception while verifying refuses the token.
+
+    FastMCP's middleware verifies any bearer token on every route, /healthz too, so an
+    exception there (RecursionError from a deeply nested header, OverflowError from
+    `"exp": Infinity`) would answer 500 with a traceback everywhere instead of 401.
+    """
+
+    def __init__(self, verifier: TokenVerifier) -> None:
+        super().__init__(required_scopes=verifier.required_scopes)
+        self._verifier = verifier
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            return await self._verifier.verify_token(token)
+        except Exception:  # one fixed line: the exception would quote the token or its claims
+            log.info(MALFORMED)
+            return None
+
+
 def key_type(algorithm: str) -> str:
     """The JWK key type a public-key algorithm verifies with."""
     return {"RS": "RSA", "PS": "RSA", "ES": "EC"}.get(algorithm[:2], "OKP")
@@ -120,6 +154,10 @@ def public_key_pem(settings: Settings) -> str | None:
 
 def build_verifier(settings: Settings) -> TokenVerifier:
     logging.getLogger(FASTMCP_VERIFIER_LOGGER).addFilter(CALLER_NAMES_WITHHELD)
+    return RefusedOnError(_verifier(settings))
+
+
+def _verifier(settings: Settings) -> TokenVerifier:
     if settings.jwt_jwks_uri or settings.jwt_public_key or settings.jwt_public_key_file:
         # Settings.problems() has made sure issuer and audience are set, one key source, and
         # public-key algorithms only.
@@ -169,3 +207,24 @@ def user_from_token(token: AccessToken | None, claim: str) -> str | None:
         return None
     value = (token.claims or {}).get(claim)
     return value if isinstance(value, str) and value else None
+
+
+def client_of(token: AccessToken | None, user: str) -> str | None:
+    """The calling app a token names, for the audit: its own `client_id` or `azp` claim, never
+    the user's id.
+
+    Not AccessToken.client_id: FastMCP fills that from `sub` when neither claim is there, and
+    demo tokens carry the user as client_id; a value equal to the user or `sub` is no client.
+    """
+    claims = token.claims if token is not None else None
+    if not claims:
+        return None
+    people = (user, claims.get("sub"))  # a tuple: a claim may be any JSON value, even a list
+    return next(
+        (
+            value
+            for value in (claims.get("client_id"), claims.get("azp"))
+            if isinstance(value, str) and value and value not in people
+        ),
+        None,
+    )

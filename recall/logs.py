@@ -1,9 +1,14 @@
-"""One log format for every line: ours, FastMCP's and uvicorn's, as text or as JSON."""
+"""One log format for every line: ours, FastMCP's and uvicorn's, as text or as JSON.
+
+One record is always one line, whatever a request carried: control characters are written as
+escapes. Libraries' records below INFO are not written: they quote requests.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,11 +20,50 @@ OWN_HANDLERS = ("fastmcp", "uvicorn", "uvicorn.error", "uvicorn.access")
 # Fields a log call may pass in `extra=` that the JSON format keeps as their own keys: the user
 # as the directory hash (never the id), and a duration in seconds as a number.
 EXTRA_FIELDS = ("user", "seconds")
+# Characters that end a line or could fake one (a newline, CR, ESC and the other C0 and C1
+# controls, DEL, Unicode's line and paragraph separators): written as their escapes.
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Those of them json.dumps leaves as they are (it escapes C0 itself).
+JSON_UNESCAPED = re.compile("[\x7f-\x9f\u2028\u2029]")
+# Set on a library's record that a filter of ours has rewritten to hold no request data
+# (FastMCP's verifier lines, recall/auth.py): written at DEBUG like ours.
+VETTED = "recall_vetted"
 
 
 def user_fields(home: Path, seconds: float | None = None) -> dict[str, object]:
     """`extra=` for a line about a user (as the directory hash) and, if given, a duration."""
     return {"user": home.name} if seconds is None else {"user": home.name, "seconds": seconds}
+
+
+def one_line(text: str) -> str:
+    """``text`` with each control character as its Python escape (``\\n``, ``\\x1b``)."""
+    return CONTROLS.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
+def vetted(record: logging.LogRecord) -> None:
+    """Marks a library's record as holding nothing from a request, so DEBUG keeps it."""
+    setattr(record, VETTED, True)
+
+
+class LibraryDebugDropped(logging.Filter):
+    """Drops libraries' records below INFO: FastMCP's, the MCP SDK's and uvicorn's DEBUG lines
+    quote requests (`call_tool ... with {'query': ...}`), often formatted before logging, so
+    dropping their arguments would not do. Ours (`recall*`) and vetted ones stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (
+            record.levelno >= logging.INFO
+            or record.name == "recall"
+            or record.name.startswith("recall.")
+            or getattr(record, VETTED, False)
+        )
+
+
+class TextFormatter(logging.Formatter):
+    """LOG_FORMAT, one line a record: a traceback too, with its newlines escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return one_line(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -35,19 +79,19 @@ class JsonFormatter(logging.Formatter):
         line.update({key: getattr(record, key) for key in EXTRA_FIELDS if hasattr(record, key)})
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)  # one line, escaped
-        return json.dumps(line, ensure_ascii=False, default=str)
+        text = json.dumps(line, ensure_ascii=False, default=str)
+        # Only inside strings, so \uXXXX keeps the JSON valid and the value unchanged.
+        return JSON_UNESCAPED.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
 def configure_logging(level: str, log_format: str = "text") -> None:
     """Every logger writes to stderr at LOG_LEVEL: `<time> <LEVEL> <logger> <message>`, or with
     LOG_FORMAT=json one JSON object a line."""
-    if log_format == "json":
-        stderr = logging.StreamHandler()
-        stderr.setFormatter(JsonFormatter())
-        logging.basicConfig(level=level.upper(), handlers=[stderr])
-        logging.captureWarnings(True)  # a library's warning is a line like any other, not text
-    else:
-        logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+    stderr = logging.StreamHandler()
+    stderr.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(LOG_FORMAT))
+    stderr.addFilter(LibraryDebugDropped())
+    logging.basicConfig(level=level.upper(), handlers=[stderr])
+    logging.captureWarnings(True)  # a library's warning is a line like any other, not text
     for name in OWN_HANDLERS:
         logger = logging.getLogger(name)
         for handler in logger.handlers[:]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import secrets
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +20,9 @@ from conftest import FakeFunes, Server, conversation, make_server, wait_for
 from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from joserfc import jwk, jwt
+from test_memory_api import call
+
+from recall.auth import KID_WITHHELD, MALFORMED
 
 ISSUER = "https://id.example.test"
 AUDIENCE = "recall-server"
@@ -109,10 +117,11 @@ def claims(**overrides: object) -> dict[str, Any]:
     return {k: v for k, v in {**good, **overrides}.items() if v is not None}
 
 
-def signed(keys: RSAKeyPair, payload: dict[str, Any]) -> str:
-    """A JWT with exactly these claims (RSAKeyPair.create_token always adds exp)."""
+def signed(keys: RSAKeyPair, payload: dict[str, Any], **header: str) -> str:
+    """A JWT with exactly these claims (RSAKeyPair.create_token always adds exp), and these
+    header fields besides alg."""
     private_key = jwk.RSAKey.import_key(keys.private_key.get_secret_value())
-    return jwt.encode({"alg": "RS256"}, payload, private_key)
+    return jwt.encode({"alg": "RS256", **header}, payload, private_key)
 
 
 def jwt_settings(keys: RSAKeyPair, fake_funes: FakeFunes) -> dict[str, str]:
@@ -310,3 +319,163 @@ def test_a_jwt_key_setup_that_cannot_verify_refuses_to_start_and_says_why(
     log = refusal_to_start(tmp_path, {**jwt_settings(keys, fake_funes), **mistakes[problem]})
     assert message in log
     assert "Traceback" not in log
+
+
+# --- malformed tokens, the audit's client, the JWKS log lines ---------------------------------
+
+
+def mode_settings(mode: str, keys: RSAKeyPair, fake_funes: FakeFunes) -> dict[str, str]:
+    """Settings for JWTs signed by ``keys`` ("jwt"), or for the generated demo tokens."""
+    if mode == "jwt":
+        return jwt_settings(keys, fake_funes)
+    return {"ENGINE": "funes", "FUNES_BIN": str(fake_funes.path)}
+
+
+def nested_header_token(depth: int = 1500) -> str:
+    """An unsigned JWT whose header is JSON arrays nested ``depth`` deep: too deep to parse."""
+
+    def part(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    return f"{part(b'[' * depth + b']' * depth)}.{part(b'{}')}.{part(b'sig')}"
+
+
+@pytest.mark.parametrize("mode", ["jwt", "demo tokens"])
+def test_a_malformed_bearer_token_is_401_at_mcp_and_api_me_and_breaks_no_other_route(
+    tmp_path: Path, fake_funes: FakeFunes, mode: str
+) -> None:
+    # given a server verifying JWTs (or demo tokens), and tokens it cannot parse: a header
+    # nested too deep for JSON, and one correctly signed but with "exp": Infinity
+    keys = RSAKeyPair.generate()
+    malformed = {
+        "nested header": nested_header_token(),
+        "infinite exp": signed(keys, claims(exp=float("inf"))),  # joserfc writes Infinity
+    }
+    with make_server(tmp_path, **mode_settings(mode, keys, fake_funes)).start() as server:
+        # when each is sent on every kind of route
+        statuses = {
+            why: {
+                "/healthz": call(server, "GET", "/healthz", token=token)[0],
+                "/mcp": mcp_status(server, token),
+                "/api/me": call(server, "GET", "/api/me", token=token)[0],
+                "/turns": call(
+                    server,
+                    "POST",
+                    "/turns",
+                    conversation("alice", f"c-{index}", "hello", "hi"),
+                    token=token,
+                    headers={"x-ingest-key": server.ingest_key},
+                )[0],
+            }
+            for index, (why, token) in enumerate(malformed.items())
+        }
+    # then the token routes refuse it, the others answer as without it, and nothing crashed
+    expected = {"/healthz": 200, "/mcp": 401, "/api/me": 401, "/turns": 202}
+    assert statuses == {why: expected for why in malformed}
+    log = server.log()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log
+    if mode == "jwt":  # one fixed line each time the verifier raised, quoting nothing
+        assert log.count(MALFORMED) >= len(malformed)
+
+
+def audit_of(server: Server, user: str) -> list[dict[str, Any]]:
+    status, answer = server.post({"user": user}, route="/audit")
+    assert status == 200, answer
+    return answer["entries"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "client_claims", "recorded"),
+    [
+        ("demo tokens", {}, None),  # FastMCP's client_id is the user here
+        ("jwt", {}, None),  # and here it falls back to sub
+        ("jwt", {"azp": "chat-app"}, "chat-app"),
+        ("jwt", {"client_id": "chat-app", "azp": "other-app"}, "chat-app"),
+        ("jwt", {"client_id": "{user}", "azp": "chat-app"}, "chat-app"),
+    ],
+)
+async def test_the_audit_records_the_calling_app_and_the_user_id_is_in_no_file_on_disk(
+    tmp_path: Path,
+    fake_funes: FakeFunes,
+    mode: str,
+    client_claims: dict[str, str],
+    recorded: str | None,
+) -> None:
+    # given a user whose id is a unique marker, and their token: a JWT with these claims
+    # besides sub, or a demo token
+    user = f"user-{secrets.token_hex(8)}"
+    keys = RSAKeyPair.generate()
+    settings = mode_settings(mode, keys, fake_funes)
+    server = make_server(tmp_path, **settings, users=(user,))  # type: ignore[arg-type]
+    extra = {name: value.format(user=user) for name, value in client_claims.items()}
+    token = signed(keys, claims(sub=user, **extra)) if mode == "jwt" else server.tokens[user]
+    with server.start():
+        assert server.post(conversation(user, "c", "ticket MT-4471 is open", "ok"))[0] == 202
+        server.wait_indexed(user)
+        # when their agent searches and they visit their memory page
+        async with Client(f"{server.url}/mcp", auth=token) as client:
+            result = await client.call_tool("recall_my_conversations", {"query": "MT-4471"})
+        assert "MT-4471 is open" in result.content[0].text  # type: ignore[union-attr]
+        for path in ("/api/me", "/api/me/conversations", "/api/me/audit"):
+            assert call(server, "GET", path, token=token)[0] == 200
+        entries = audit_of(server, user)
+    # then the user id is in no file under DATA_DIR
+    files = [path for path in server.data_dir.rglob("*") if path.is_file()]
+    assert files and [path for path in files if user.encode() in path.read_bytes()] == []
+    # and the audit names the calling app only when the token does
+    assert [entry["client"] for entry in entries] == [recorded]
+
+
+@contextmanager
+def jwks_served(*keys: dict[str, Any]) -> Iterator[str]:
+    """An identity provider's key set on a loopback port; its URL."""
+    body = json.dumps({"keys": list(keys)}).encode()
+
+    class KeySet(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:  # quiet test output
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), KeySet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}/jwks"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_token_kid_cannot_forge_a_log_line_and_key_set_lines_stay_for_the_operator(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # given a server in JWKS mode logging everything, whose key set holds its RSA key and an
+    # EC key that RS256 cannot use
+    keys = RSAKeyPair.generate()
+    rsa = {**jwk.RSAKey.import_key(keys.public_key).as_dict(private=False), "kid": "rsa-1"}
+    ec = {**jwk.ECKey.generate_key("P-256").as_dict(private=False), "kid": "ec-1"}
+    forged = "2026-01-01 INFO recall forged line: user alice"
+    with jwks_served(rsa, ec) as jwks_uri:
+        settings = {**jwt_settings(keys, fake_funes), "JWT_PUBLIC_KEY": ""}
+        server = make_server(tmp_path, **settings, JWT_JWKS_URI=jwks_uri, LOG_LEVEL="DEBUG")
+        with server.start():
+            # when a token whose kid carries a newline and a log line arrives, then a good one
+            statuses = [
+                mcp_status(server, signed(keys, claims(), kid=f"x\n{forged}")),
+                mcp_status(server, signed(keys, claims(), kid="rsa-1")),
+            ]
+    # then the first is refused and the second accepted (the key set is served)
+    assert statuses == [401, 200]
+    # and no line starts with the forged text, which is nowhere in the log: the kid is withheld
+    log = server.log()
+    assert [line for line in log.splitlines() if line.startswith(forged)] == []
+    assert "forged line" not in log
+    assert KID_WITHHELD in log
+    # and the key set's own lines, which an operator needs, are still written at DEBUG
+    assert "Skipping JWKS key 'ec-1': key type 'EC' is incompatible with algorithm RS256" in log

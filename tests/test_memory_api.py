@@ -295,7 +295,7 @@ async def test_the_audit_shows_the_agents_recall_newest_first_with_links_to_the_
     assert queries[:2] == ["Dana platform MT-4471", "K-2 compressor ticket"]
     assert "searched on the page" not in queries
     latest = entries[0]
-    assert latest["client"] == "alice"  # a demo token's client_id (a JWT's names the app)
+    assert latest["client"] is None  # a demo token names no app (a JWT's azp or client_id)
     assert latest["outcome"] == "passages" and re.fullmatch(r"\d{4}-.+Z", latest["at"])
     linked = [turn for hit in latest["served"] for turn in hit["turns"]]
     assert {"conversation_id": "weekly-sync", "seq": 1} in linked
