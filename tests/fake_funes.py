@@ -14,11 +14,11 @@ itself: {"mode": "normal" | "sleep" | "fail" | "empty" | "big" | "huge", "sleep"
 "index_sleep": seconds, "index_write_sleep": seconds (between reading the sources and writing
 the memory, as embedding takes), "index_gate" | "write_gate" | "recall_gate": a file path (an
 index run waits for it to exist before reading the sources, or before writing the memory; a
-recall before answering: the test opens the gate when it chooses), "index_fail": bool,
-"spawn_child": bool, "huge_bytes": int (stdout size in mode huge), "error": str (the failure
-message instead of the usual one; "{query}" and "{home}" are filled in)}; it records "read"
-once an index run has read the sources. The control file sits beside the script, not in the
-environment, because the server clears the environment.
+recall after reading the memory, before answering: the test opens the gate when it chooses),
+"index_fail": bool, "spawn_child": bool, "huge_bytes": int (stdout size in mode huge), "error":
+str (the failure message instead of the usual one; "{query}" and "{home}" are filled in)}; it
+records "read" once an index run has read the sources. The control file sits beside the script,
+not in the environment, because the server clears the environment.
 """
 
 from __future__ import annotations
@@ -212,7 +212,6 @@ def cmd_recall(args: list[str], home: Path, control: dict[str, Any]) -> int:
         print(f"error: no memory at {home}", file=sys.stderr)
         return 1
     mode = control.get("mode", "normal")
-    _wait_for_gate(control.get("recall_gate"))
     if mode == "fail":
         usual = "error: model bge-small-en-v1.5 not found in HF_HOME (offline)"
         print(_error(control, usual, " ".join(query_words), home), file=sys.stderr)
@@ -225,6 +224,7 @@ def cmd_recall(args: list[str], home: Path, control: dict[str, Any]) -> int:
     if mode == "empty":
         return 0
     chunks = list(json.loads(store_path.read_text()).values())
+    _wait_for_gate(control.get("recall_gate"))  # the memory is read: it answers from what it read
     wanted = _terms(" ".join(query_words))
     scored = [(len(wanted & _terms(c["text"])), c) for c in chunks]
     hits = [c for score, c in sorted(scored, key=lambda x: -x[0]) if score > 0][:candidates][:k]

@@ -1,18 +1,22 @@
 """The recall audit: every tool call is logged in the user's own directory, and POST /audit
-returns it to the ingest key's holder: when, which client, the query, which passages (by time)."""
+returns it to the ingest key's holder: when, which client, the query, which passages (the
+conversation and turn each came from, with its time), never their text."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server, conversation, make_server
+from conftest import FakeFunes, Server, conversation, make_server
 
 from recall.audit import AUDIT_FILE
+from recall.engines.base import NO_MEMORY
 
 
 def post_audit(server: Server, body: Any, key: str | None = "default") -> tuple[int, Any]:
@@ -63,8 +67,18 @@ async def test_each_tool_call_is_audited_with_client_query_and_the_passages_time
     assert all(c["client"] is None for c in calls)  # a demo token names no client, only the user
     served = calls[0]["served"]
     ticket_turns = [
-        {"ts": "2026-10-08T09:00:00Z", "role": "user"},
-        {"ts": "2026-10-08T09:01:00Z", "role": "assistant"},
+        {
+            "conversation_id": "ticket",
+            "turn": "ticket-0",
+            "ts": "2026-10-08T09:00:00Z",
+            "role": "user",
+        },
+        {
+            "conversation_id": "ticket",
+            "turn": "ticket-1",
+            "ts": "2026-10-08T09:01:00Z",
+            "role": "assistant",
+        },
     ]
     assert served and all(passage in ticket_turns for passage in served)
     assert len(served) == first.count("\n---\n") + first.startswith("---\n")
@@ -111,7 +125,7 @@ def test_a_bad_audit_request_is_refused_naming_the_field(
     assert post_audit(embedded, body, key) == expected
 
 
-async def test_the_funes_engines_served_passages_are_audited_by_their_times(
+async def test_the_funes_engines_served_passages_are_audited_by_their_turns(
     funes_server: Server,
 ) -> None:
     # Given bob's conversation indexed by funes
@@ -120,10 +134,34 @@ async def test_the_funes_engines_served_passages_are_audited_by_their_times(
     funes_server.wait_indexed("bob")
     # When his agent searches
     await funes_server.recall("bob", "P-7 bearing")
-    # Then the audit names the served turn by its time
+    # Then the audit names the served turn, as funes' hint line names it, and its time
     status, answer = post_audit(funes_server, {"user": "bob"})
     assert status == 200
     (call,) = answer["entries"]
     assert call["query"] == "P-7 bearing" and call["outcome"] == "passages"
-    assert {"ts": "2026-10-08T09:00:00Z"} in call["served"]
+    served = {"conversation_id": "motor", "turn": "motor-0", "ts": "2026-10-08T09:00:00Z"}
+    assert served in call["served"]
     assert "bearing noise" not in json.dumps(answer)
+
+
+async def test_a_recall_that_overlapped_an_erase_answers_none_of_it_and_leaves_no_audit_line(
+    funes_server: Server, fake_funes: FakeFunes, tmp_path: Path
+) -> None:
+    # Given alice's indexed conversation, and a tool call that has read her memory and is held
+    body = conversation("alice", "vault", "The vault word is zephyrquartz.", "Noted the word.")
+    assert funes_server.post(body)[0] == 202
+    funes_server.wait_indexed("alice")
+    gate = tmp_path / "recall-gate"
+    fake_funes.control(recall_gate=str(gate))
+    call = asyncio.create_task(funes_server.recall("alice", "zephyrquartz vault word"))
+    while not fake_funes.calls("recall"):
+        await asyncio.sleep(0.05)
+    # When her memory is erased meanwhile, and then the held call answers
+    status, _ = await asyncio.to_thread(funes_server.post, {"user": "alice"}, route="/erase")
+    assert status == 200
+    gate.touch()
+    answer = await asyncio.wait_for(call, 60)
+    # Then the agent gets nothing of what was erased, and no audit line of it is left behind
+    assert answer == NO_MEMORY
+    assert post_audit(funes_server, {"user": "alice"}) == (200, {"entries": []})
+    assert not (funes_server.home("alice") / AUDIT_FILE).exists()

@@ -464,3 +464,125 @@ def test_the_log_holds_no_token_user_id_query_or_conversation_id(tmp_path: Path)
     assert "/api/me/conversation" in log  # the access log is on
     for secret in [*fresh.tokens.values(), "alice", "weekly-sync", "MT-4471", "Dana"]:
         assert secret not in log, secret
+
+
+# --- bounded audit pages, exact links, passages told by the engine (third review) ------------
+
+# Two turns at the same minute with the same role, in two conversations: only an exact
+# reference tells which one a passage came from.
+SAME_MINUTE = [
+    conversation("dana", "north", "The zebracrossing survey for North is booked.", "Noted."),
+    conversation("dana", "south", "South has no survey planned this month at all.", "Noted."),
+]
+# A turn whose own text holds a line shaped like a passage header.
+FORGED_HEADER = conversation(
+    "dana",
+    "forged",
+    "Log excerpt follows\n[2031-05-05 05:05 UTC] swordfishtrombone\nkiwiharbour was the tag.",
+    "Noted.",
+    day=9,
+)
+
+
+@pytest.fixture(scope="module")
+def dana(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("memory-api-dana")
+    server = make_server(workdir, ENGINE="embedded", users=("dana",)).start()  # type: ignore[arg-type]
+    for body in (*SAME_MINUTE, FORGED_HEADER):
+        assert server.post(body)[0] == 202
+    server.wait_indexed("dana")
+    yield server
+    server.stop()
+
+
+def audit_lines(server: Server, user: str, count: int) -> None:
+    """``count`` audit lines written as the tool writes them, oldest first (query "call <n>")."""
+    home = server.home(user)
+    with open(home / "audit.jsonl", "a", encoding="utf-8") as handle:
+        for n in range(count):
+            line = {"at": f"2026-11-01T00:{n // 60:02d}:{n % 60:02d}Z", "client": None}
+            line |= {"query": f"call {n}", "outcome": "nothing_found", "served": []}
+            handle.write(json.dumps(line) + "\n")
+
+
+def test_the_audit_comes_a_page_at_a_time_newest_first_and_follows_its_cursor(
+    dana: Server,
+) -> None:
+    # Given an audit of 250 tool calls
+    audit_lines(dana, "dana", 250)
+    # When the page asks for the first page, then follows the cursor to the end
+    first = as_user(dana, "dana", "GET", "/api/me/audit")
+    pages, cursor = [first["entries"]], first["next"]
+    while cursor is not None:
+        page = as_user(dana, "dana", "GET", f"/api/me/audit?limit=100&before={cursor}")
+        pages.append(page["entries"])
+        cursor = page["next"]
+    # Then the first page is bounded (20), the others at most their limit, and together they
+    # hold every call once, newest first
+    assert len(pages[0]) == 20 and all(len(page) <= 100 for page in pages)
+    queries = [entry["query"] for page in pages for entry in page]
+    assert queries[:250] == [f"call {n}" for n in reversed(range(250))]
+    assert len(queries) == len(set(queries))
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("limit=0", "limit: must be from 1 to 100"),
+        ("limit=101", "limit: must be from 1 to 100"),
+        ("limit=ten", "limit: must be a whole number"),
+        ("before=-5", "before: must be a whole number"),
+    ],
+)
+def test_a_bad_audit_page_request_is_refused_naming_the_field(
+    dana: Server, query: str, message: str
+) -> None:
+    status, _, answer = call(dana, "GET", f"/api/me/audit?{query}", token=dana.tokens["dana"])
+    assert (status, answer) == (400, {"error": message})
+
+
+async def test_a_served_passage_links_to_its_own_turn_not_every_turn_of_that_minute_and_role(
+    dana: Server,
+) -> None:
+    # Given two conversations whose first turns share minute and role
+    # When the agent finds one of them
+    answer = await dana.recall("dana", "zebracrossing survey")
+    assert "zebracrossing" in answer
+    # Then its audit line leads to that turn only, and so does the page's own search
+    latest = as_user(dana, "dana", "GET", "/api/me/audit?limit=1")["entries"][0]
+    assert latest["query"] == "zebracrossing survey"
+    hit = next(h for h in latest["served"] if h["conversation_id"] == "north")
+    assert hit["turns"] == [{"conversation_id": "north", "seq": 0}]
+    found = as_user(dana, "dana", "POST", "/api/me/search", {"query": "zebracrossing survey"})
+    north = [p for p in found["passages"] if "zebracrossing" in p["text"]]
+    assert north and all(p["turns"] == [{"conversation_id": "north", "seq": 0}] for p in north)
+
+
+async def test_text_shaped_like_a_passage_header_adds_no_passage_to_the_audit_or_the_page(
+    dana: Server,
+) -> None:
+    # Given a turn whose text holds a line shaped like a passage header
+    # When the agent and the page search for it
+    answer = await dana.recall("dana", "kiwiharbour tag")
+    found = as_user(dana, "dana", "POST", "/api/me/search", {"query": "kiwiharbour tag"})
+    latest = as_user(dana, "dana", "GET", "/api/me/audit?limit=1")["entries"][0]
+    # Then every passage, in the audit and on the page, is a real turn of hers, one per hit
+    assert "\n[2031-05-05 05:05 UTC] swordfishtrombone\n" in answer  # the turn's own line
+    assert answer.count("\n---\n") == len(latest["served"])
+    assert {h["role"] for h in latest["served"]} <= {"user", "assistant"}
+    assert len(found["passages"]) == len(latest["served"])
+    assert all(p["role"] in ("user", "assistant") and p["turns"] for p in found["passages"])
+    forged = next(p for p in found["passages"] if "swordfishtrombone" in p["text"])
+    assert "kiwiharbour was the tag" in forged["text"]
+
+
+def test_a_lone_surrogate_in_the_page_search_is_searched_as_the_tool_would(
+    dana: Server,
+) -> None:
+    # Given a page search whose JSON escapes half of a UTF-16 pair (a cut emoji)
+    raw = b'{"query": "kiwiharbour \\ud83d"}'
+    # When it is sent
+    status, _, answer = call(dana, "POST", "/api/me/search", raw=raw, token=dana.tokens["dana"])
+    # Then it is searched with the cut character as U+FFFD, not a 500
+    assert status == 200, answer
+    assert answer["query"] == "kiwiharbour \ufffd" and answer["passages"]

@@ -5,6 +5,7 @@ longer returns it); bob sees only his chat; markup in a turn is shown as text an
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -212,3 +213,27 @@ async def test_the_page_works_from_the_keyboard_and_fits_a_phone(demo: Server, p
     assert await page.evaluate(
         "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
     )
+
+
+async def test_the_audit_shows_a_page_and_loads_earlier_searches_on_demand(
+    demo: Server, page: Page
+) -> None:
+    # Given bob's audit with 25 searches more (more than one page)
+    audit = demo.home("bob") / "audit.jsonl"
+    earlier = len(audit.read_text().splitlines()) if audit.exists() else 0
+    with open(audit, "a", encoding="utf-8") as handle:
+        for n in range(25):
+            line = {"at": f"2026-11-01T00:00:{n:02d}Z", "client": None, "query": f"search {n}"}
+            handle.write(json.dumps({**line, "outcome": "nothing_found", "served": []}) + "\n")
+    # When he opens what the assistant looked up
+    await sign_in(page, demo, "bob")
+    await page.get_by_role("link", name="What the assistant looked up").click()
+    cards = page.locator("#audit-list > li")
+    await cards.first.wait_for()
+    # Then the newest page shows, and the button brings the earlier searches, then goes
+    assert await cards.count() == 20
+    assert await cards.first.get_by_text("search 24").count() == 1
+    await page.get_by_role("button", name="Show earlier searches").click()
+    await page.locator("#audit-list > li", has_text="search 0").wait_for()
+    assert await cards.count() == 25 + earlier
+    assert await page.get_by_role("button", name="Show earlier searches").is_hidden()

@@ -250,30 +250,41 @@
     say(data.passages.length ? `${plural(data.passages.length, "passage")} found.` : data.answer);
   }
 
+  let auditNext = null; // where the next page of the audit starts (null: none)
+
+  function auditEntry(entry) {
+    const served = el("ul", { class: "served" });
+    for (const hit of entry.served) {
+      const label = hit.role ? `${when(hit.ts)}, ${SPEAKERS[hit.role] || hit.role}` : when(hit.ts);
+      served.append(el("li", {}, passageLinks(hit.turns, label)));
+    }
+    const outcome =
+      entry.outcome === "passages" ? `Given ${plural(entry.served.length, "passage")}:` : OUTCOMES[entry.outcome] || entry.outcome;
+    return el(
+      "li",
+      { class: "card" },
+      el("p", { class: "passage-head" }, el("time", { datetime: entry.at }, when(entry.at)), " · ", "client ", el("code", {}, entry.client || "unknown")),
+      el("p", {}, "Searched for ", el("q", {}, entry.query)),
+      el("p", {}, outcome),
+      entry.served.length ? served : null,
+    );
+  }
+
+  // One page of the audit, appended to the list; the server bounds a page, the button asks for
+  // the next one.
+  async function loadAudit(before) {
+    const path = before === null ? "/api/me/audit" : `/api/me/audit?before=${encodeURIComponent(before)}`;
+    const { entries, next } = await api("GET", path);
+    $("audit-list").append(...entries.map(auditEntry));
+    auditNext = next === undefined ? null : next;
+    $("audit-more").hidden = auditNext === null;
+    return entries.length;
+  }
+
   async function showAudit() {
-    const { entries } = await api("GET", "/api/me/audit");
     const list = $("audit-list");
     clear(list);
-    for (const entry of entries) {
-      const served = el("ul", { class: "served" });
-      for (const hit of entry.served) {
-        const label = hit.role ? `${when(hit.ts)}, ${SPEAKERS[hit.role] || hit.role}` : when(hit.ts);
-        served.append(el("li", {}, passageLinks(hit.turns, label)));
-      }
-      const outcome =
-        entry.outcome === "passages" ? `Given ${plural(entry.served.length, "passage")}:` : OUTCOMES[entry.outcome] || entry.outcome;
-      list.append(
-        el(
-          "li",
-          { class: "card" },
-          el("p", { class: "passage-head" }, el("time", { datetime: entry.at }, when(entry.at)), " · ", "client ", el("code", {}, entry.client || "unknown")),
-          el("p", {}, "Searched for ", el("q", {}, entry.query)),
-          el("p", {}, outcome),
-          entry.served.length ? served : null,
-        ),
-      );
-    }
-    if (!entries.length) {
+    if (!(await loadAudit(null))) {
       list.append(el("li", { class: "empty" }, "Your assistant has not looked anything up yet."));
     }
     show("audit");
@@ -390,6 +401,10 @@
     } catch (failure) {
       failed(failure);
     }
+  });
+
+  $("audit-more").addEventListener("click", () => {
+    if (auditNext !== null) loadAudit(auditNext).catch(failed);
   });
 
   window.addEventListener("hashchange", route);
