@@ -33,6 +33,7 @@ import gc
 import hmac
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -54,6 +55,8 @@ from recall.auth import build_verifier, client_of, user_from_token
 from recall.concurrency import BoundedRuns, run_in
 from recall.conversations import (
     LONE_SURROGATE,
+    PRIVATE_DIR,
+    PRIVATE_UMASK,
     InvalidConversation,
     parse_audit_request,
     parse_conversation,
@@ -148,6 +151,7 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 def create_app(settings: Settings) -> Starlette:
+    os.umask(PRIVATE_UMASK)  # whatever builds the app: all it and its workers create is private
     if problems := settings.problems():
         raise ConfigError("; ".join(problems))
     if not (allowed_hosts := settings.host_allowlist()):
@@ -158,7 +162,7 @@ def create_app(settings: Settings) -> Starlette:
     verifier = build_verifier(settings)
     engine = make_engine(settings)
     data_dir = settings.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)
     limits = settings.limits()
     ingest_key = settings.ingest_key.encode()
     recalls = BoundedRuns(settings.recall_concurrency, settings.recall_timeout)
@@ -248,14 +252,14 @@ def create_app(settings: Settings) -> Starlette:
         if conversation.redactions:  # kinds and counts only, never a value
             log.info("user %s: redacted %s", user_home.name, conversation.redaction_summary())
         # Durable before 202. A stale re-post (an older snapshot of what is stored) writes nothing.
-        # Tombstones: only turns stamped after a forget (or an erasure) are stored again.
+        # Tombstones: a forgotten (or erased) turn is never stored again; new turns are.
         try:
             async with gates.post(user_home):
                 written = await run_in(
                     writes, write_conversation, user_home, conversation, admit_for(user_home)
                 )
         except Forgotten:
-            return error(410, "conversation_id: forgotten; no turn is stamped after the forget")
+            return error(410, "conversation_id: forgotten; every turn of this post was forgotten")
         if not written:
             log.info("user %s: post already stored, nothing written", user_home.name)
         scheduler.schedule(user_home)
@@ -426,6 +430,7 @@ def create_app(settings: Settings) -> Starlette:
 
 
 def main() -> None:
+    os.umask(PRIVATE_UMASK)  # before anything is created under DATA_DIR, by the server or backfill
     arguments = sys.argv[1:]
     if arguments[:1] == ["backfill"]:  # the operator's bulk import, same settings, no server
         from recall.backfill import main as backfill

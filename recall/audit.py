@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from recall.conversations import fsync_dir
+from recall.conversations import fsync_dir, private_file
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Recalled
 
 AUDIT_FILE = "audit.jsonl"
@@ -90,7 +90,7 @@ def prune(home: Path, before: str) -> int:
         if len(kept) == len(lines):
             return 0
         tmp = home / f".{AUDIT_FILE}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
+        with open(tmp, "w", encoding="utf-8", opener=private_file) as handle:
             handle.writelines(kept)
             handle.flush()
             os.fsync(handle.fileno())

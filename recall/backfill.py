@@ -3,8 +3,10 @@
 FILE holds one `POST /turns` body per line (JSON Lines), or is a directory of `*.json` bodies.
 Every body is validated exactly as the route validates it; a refused line is reported by number
 and skipped (exit status 1 at the end). Conversations are written like the route writes them,
-then each user's index is brought up to date in batches, so the progress bar moves and an
-interrupted import resumes where it stopped. Run it while the server for this DATA_DIR is
+tombstones included (a forgotten turn stays out; a body with only forgotten turns is left out and
+counted), then each user's index is brought up to date in batches, so the progress bar moves and
+an interrupted import resumes where it stopped. What it creates is the owner's only, as the
+server's files are. Run it while the server for this DATA_DIR is
 stopped: a server started afterwards sees the sources already indexed.
 """
 
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import TextIO
 
 from recall.conversations import (
+    PRIVATE_DIR,
+    PRIVATE_UMASK,
     Conversation,
     InvalidConversation,
     Limits,
@@ -30,6 +35,7 @@ from recall.conversations import (
 )
 from recall.engines import make_engine
 from recall.engines.base import Engine, EngineError
+from recall.lifecycle import Forgotten, admit_for
 from recall.scheduler import index_and_mark
 from recall.settings import ConfigError, Settings, load_settings
 
@@ -98,27 +104,34 @@ def load(source: Path, limits: Limits) -> tuple[list[Conversation], list[str]]:
     return conversations, refused
 
 
-async def backfill(settings: Settings, engine: Engine, conversations: list[Conversation]) -> int:
-    """Write and index; returns how many conversations are now indexed."""
+async def backfill(
+    settings: Settings, engine: Engine, conversations: list[Conversation]
+) -> tuple[int, int]:
+    """Write and index; returns how many conversations are now stored and indexed, and how many
+    were left out as forgotten (every turn tombstoned: a post would get 410)."""
     data_dir = settings.data_dir.resolve()
+    data_dir.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)
     by_user: dict[Path, list[Conversation]] = {}
     for conversation in conversations:
         home = data_dir / user_dir_name(conversation.user)
         by_user.setdefault(home, []).append(conversation)
     progress = Progress("backfill", len(conversations))
-    done = 0
+    done = forgotten = 0
     progress.update(done)
     try:
         for home, items in by_user.items():
             for start in range(0, len(items), BATCH):
                 for conversation in items[start : start + BATCH]:
-                    write_conversation(home, conversation)
+                    try:
+                        write_conversation(home, conversation, admit_for(home))
+                    except Forgotten:
+                        forgotten += 1
                 await index_and_mark(engine, home)
                 done += len(items[start : start + BATCH])
                 progress.update(done)
     finally:
         await engine.close()
-    return done
+    return done - forgotten, forgotten
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "source", type=Path, help="a .jsonl file of bodies, or a directory of .json"
     )
     args = parser.parse_args(argv)
+    os.umask(PRIVATE_UMASK)  # everything written under DATA_DIR is the owner's only
     if not args.source.exists():
         print(f"recall-server backfill: {args.source}: no such file or directory", file=sys.stderr)
         return 2
@@ -160,13 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.monotonic()
     try:
-        count = asyncio.run(backfill(settings, engine, conversations))
+        count, forgotten = asyncio.run(backfill(settings, engine, conversations))
     except EngineError as exc:
         print(f"recall-server backfill: index run failed: {exc}", file=sys.stderr)
         return 1
     elapsed = time.monotonic() - started
     print(
         f"backfilled {count} conversations with the {engine.name} engine in {elapsed:.1f}s"
+        f"{f'; left out {forgotten} forgotten' if forgotten else ''}"
         f"{f'; refused {len(refused)}' if refused else ''}",
         file=sys.stderr,
     )

@@ -21,7 +21,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,18 @@ SAFE_TURN_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # funes refuses ':'; we als
 RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
 )
+# A turn's time is the gateway's; a clock a little ahead is skew, but a turn stamped days ahead
+# (or in year 9999) is a bug upstream and would sort first in every answer: refused beyond this.
+MAX_HOURS_AHEAD = 24
 # JSON may escape half of a UTF-16 pair on its own ("\ud83d": a gateway that cut a string inside
 # an emoji); Python decodes it to a lone surrogate, which UTF-8 cannot encode. A pair decodes whole.
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# Everything under DATA_DIR is the owner's only (conversations, indexes, tombstones, receipts,
+# keys): explicit modes where we create things, and this umask for what libraries create
+# (SQLite's database and WAL files, funes' memory, index worker processes, which inherit it).
+PRIVATE_UMASK = 0o077
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
 
 
 class InvalidConversation(ValueError):
@@ -102,7 +111,7 @@ def _text(
     return value
 
 
-def _utc_timestamp(value: Any, field: str) -> str:
+def _utc_moment(value: Any, field: str) -> datetime:
     if not isinstance(value, str) or not RFC3339.fullmatch(value):
         raise InvalidConversation(f"{field}: must be an RFC 3339 timestamp with Z or an offset")
     try:
@@ -110,11 +119,19 @@ def _utc_timestamp(value: Any, field: str) -> str:
     except ValueError as exc:
         raise InvalidConversation(f"{field}: not a valid date and time") from exc
     try:
-        utc = moment.astimezone(UTC)
+        return moment.astimezone(UTC)
     except OverflowError as exc:  # 0001-01-01T00:30:00+01:00 is in year 0 in UTC
         raise InvalidConversation(f"{field}: outside the years 0001 to 9999 in UTC") from exc
-    # isoformat, not strftime: strftime("%Y") drops the zeros of years before 1000 on Linux
-    return utc.replace(tzinfo=None, microsecond=0).isoformat() + "Z"
+
+
+def _utc_text(moment: datetime) -> str:
+    """``...Z`` to the second, as stored. isoformat, not strftime: strftime("%Y") drops the
+    zeros of years before 1000 on Linux."""
+    return moment.replace(tzinfo=None, microsecond=0).isoformat() + "Z"
+
+
+def _utc_timestamp(value: Any, field: str) -> str:
+    return _utc_text(_utc_moment(value, field))
 
 
 def safe_turn_id(raw: str) -> str:
@@ -141,6 +158,7 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
     lines: list[dict[str, Any]] = []
     seen: set[str] = set()
     redactions: Counter[str] = Counter()
+    horizon = datetime.now(UTC) + timedelta(hours=MAX_HOURS_AHEAD)
     for seq, turn in enumerate(turns):
         where = f"turns[{seq}]"
         if not isinstance(turn, dict):
@@ -157,7 +175,12 @@ def parse_conversation(body: Any, limits: Limits = Limits()) -> Conversation:
         )
         text, found = limits.redactor.redact(text)  # before any byte of it reaches disk
         redactions.update(found)
-        ts = _utc_timestamp(turn.get("ts"), f"{where}.ts")
+        moment = _utc_moment(turn.get("ts"), f"{where}.ts")
+        if moment > horizon:
+            raise InvalidConversation(
+                f"{where}.ts: more than {MAX_HOURS_AHEAD} hours ahead of the server's clock"
+            )
+        ts = _utc_text(moment)
         recalled = turn.get("recalled", False)
         if not isinstance(recalled, bool):
             raise InvalidConversation(f"{where}.recalled: must be true or false")
@@ -228,7 +251,8 @@ def write_conversation(
     target = src / f"{conversation.conversation_id}{SOURCE_SUFFIX}"
     created = [d for d in (home, src) if not d.exists()]
     try:
-        src.mkdir(parents=True, exist_ok=True)
+        home.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)
+        src.mkdir(PRIVATE_DIR, exist_ok=True)
         with conversation_lock(home, conversation.conversation_id):
             if admit is not None:
                 conversation = admit(conversation)
@@ -242,7 +266,7 @@ def write_conversation(
                 return False
             tmp = src / f".{conversation.conversation_id}.{uuid.uuid4().hex}.tmp"
             try:
-                with open(tmp, "wb") as handle:
+                with open(tmp, "wb", opener=private_file) as handle:
                     handle.write(data)
                     handle.flush()
                     os.fsync(handle.fileno())
@@ -345,6 +369,12 @@ def remove_leftovers(home: Path) -> int:
     if removed:
         fsync_dir(src)
     return removed
+
+
+def private_file(path: str | os.PathLike[str], flags: int) -> int:
+    """An ``opener`` for ``open()``: a file it creates is the owner's only (0600), whatever the
+    umask; an existing one keeps its mode."""
+    return os.open(path, flags | os.O_CLOEXEC, PRIVATE_FILE)
 
 
 def _is_open_file(fd: int, path: Path) -> bool:

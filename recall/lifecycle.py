@@ -2,9 +2,18 @@
 
 On disk (see docs/CONTRACTS.md):
 
-    DATA_DIR/<user hash>/tombstones.json   {"erased": <time> | null, "conversations": {id: time}}
+    DATA_DIR/<user hash>/tombstones.json   {"turns": {id: [digest, ...]},
+                                            "erased": <time> | null, "conversations": {id: time}}
     DATA_DIR/_receipts/<user hash>.jsonl   one receipt a line; outside the user directory, so
                                            an erasure's receipt outlives what it erased
+    DATA_DIR/_keys/tombstone.key           the key of the digests (64 hex digits), made once
+
+A digest is the first 16 bytes (hex) of HMAC-SHA256, under the server's tombstone key, of one
+stored turn's role, time and text (`turn_digest`): what the turn is, not when it was posted, so
+neither the gateway's clock nor the recalled mark decides what stays forgotten. Without the key a
+digest does not confirm a guessed text. "erased" and "conversations" are times, written by
+versions before digests and never added to since: what they forgot stays forgotten by their rule
+(the turns stamped at or before that time).
 
 Guarantees, and why they hold:
 
@@ -12,20 +21,28 @@ Guarantees, and why they hold:
   durable first, then the source is deleted; then, with the user's index slot held (no index run
   meanwhile), the engine removes the rows. A post racing the forget either ran before it (and its
   file is deleted) or after it (and meets the tombstone).
-- Tombstones: a later post of a forgotten conversation stores only its turns stamped after the
-  forget time, renumbered from 0; when none are, it is refused with 410 and nothing is written.
-  The same holds for every conversation of an erased user, against the erasure time.
+- Tombstones: a later post of a forgotten conversation stores every posted turn whose digest is
+  not in its tombstone, whatever its time, renumbered from 0; when every turn is, it is refused
+  with 410 and nothing is written. Only a forgotten turn is ever left out: the same role, second
+  and text. An erasure tombstones every turn of every conversation of the user the same way.
 - Erase: the user's directory is renamed aside (one step), replaced by a directory holding only
   the erasure tombstone, then the old one is deleted. Posts of that user wait while it happens.
-- Receipts name what was removed (counts, ids, times), never text.
+- Retention forgets a conversation only if it is still expired under its lock: a conversation
+  resumed after the sweep listed it stays, with no receipt.
+- Receipts name what was removed (counts, ids, times), never text. They are appended under an
+  flock; a line cut by a crash is skipped when read and never written onto.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +57,7 @@ from recall import audit
 from recall.concurrency import run_in
 from recall.conversations import (
     CONVERSATION_ID,
+    PRIVATE_DIR,
     SOURCE_SUFFIX,
     Conversation,
     InvalidConversation,
@@ -47,7 +65,7 @@ from recall.conversations import (
     _text,
     conversation_lock,
     fsync_dir,
-    read_source,
+    private_file,
     source_files,
 )
 from recall.engines.base import Engine, ForgetWindows
@@ -58,10 +76,15 @@ log = logging.getLogger("recall.lifecycle")
 TOMBSTONES = "tombstones.json"
 RECEIPTS_DIR = "_receipts"  # not a user directory: user directories are 24 hex characters
 EVERYTHING = "*"  # what an erasure's window hides: not a conversation id (those are [A-Za-z0-9_-])
+KEYS_DIR = "_keys"
+TOMBSTONE_KEY = "tombstone.key"
+DIGEST_BYTES = 16  # 128 bits: no two turns of a user meet by chance
+
+Turn = dict[str, Any]  # one source line (funes format 1)
 
 
 class Forgotten(Exception):
-    """A post that holds nothing stamped after its conversation's tombstone (or the erasure)."""
+    """A post whose every turn is forgotten (its conversation's tombstone, or the erasure)."""
 
 
 def now_utc() -> datetime:
@@ -90,6 +113,50 @@ def parse_request(body: Any, limits: Limits, *, conversation: bool) -> tuple[str
     return user, cid
 
 
+# --- the tombstone key: the one place it is kept (another store may keep it elsewhere) --------
+
+
+def tombstone_key(data_dir: Path) -> bytes:
+    """The server's key for tombstone digests: DATA_DIR/_keys/tombstone.key, made on first need.
+
+    Made durably and atomically: a complete file is linked into place, which never replaces one,
+    so when the server and the backfill command race, the first link wins and both read its key.
+    Lost, it cannot be made again: the digests it made would match nothing (back it up with
+    DATA_DIR)."""
+    path = data_dir / KEYS_DIR / TOMBSTONE_KEY
+    if not path.exists():
+        path.parent.mkdir(PRIVATE_DIR, exist_ok=True)
+        tmp = path.with_name(f".{TOMBSTONE_KEY}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "x", encoding="ascii", opener=private_file) as handle:
+                handle.write(secrets.token_hex(32))
+                handle.flush()
+                os.fsync(handle.fileno())
+            with suppress(FileExistsError):  # another process made it first: use its key
+                os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(path.parent)
+        fsync_dir(data_dir)
+    key = bytes.fromhex(path.read_text(encoding="ascii").strip())
+    if len(key) != 32:
+        raise ValueError(f"{KEYS_DIR}/{TOMBSTONE_KEY}: not 64 hex digits")
+    return key
+
+
+def turn_digest(key: bytes, turn: Turn) -> str:
+    """What a stored turn is, keyed: its role, its time as stored and its text as stored (after
+    redaction; the blocks' texts joined). Not its id, seq or recalled mark: a re-post that changes
+    those is still the same turn."""
+    blocks = turn.get("blocks")
+    if not isinstance(blocks, list):  # a damaged line: its role and time still count
+        blocks = []
+    texts = [block.get("text") for block in blocks if isinstance(block, dict)]
+    text = "\n".join(t for t in texts if isinstance(t, str))
+    canonical = json.dumps([turn.get("role"), turn.get("ts"), text], separators=(",", ":"))
+    return hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()[: 2 * DIGEST_BYTES]
+
+
 # --- tombstones ------------------------------------------------------------------------------
 
 
@@ -98,12 +165,28 @@ def read_tombstones(home: Path) -> dict[str, Any]:
         stored = json.loads((home / TOMBSTONES).read_text())
     except FileNotFoundError:
         stored = {}
-    return {"erased": stored.get("erased"), "conversations": stored.get("conversations", {})}
+    return {
+        "turns": stored.get("turns", {}),
+        # before digests (kept with their time rule, never added to)
+        "erased": stored.get("erased"),
+        "conversations": stored.get("conversations", {}),
+    }
+
+
+def _with_turns(home: Path, forgotten: dict[str, list[Turn]]) -> dict[str, Any]:
+    """The user's tombstones with these conversations' turns added (not yet written)."""
+    tombstones = read_tombstones(home)
+    key = tombstone_key(home.parent)
+    for conversation_id, turns in forgotten.items():
+        digests = set(tombstones["turns"].get(conversation_id, []))
+        digests.update(turn_digest(key, turn) for turn in turns)
+        tombstones["turns"][conversation_id] = sorted(digests)
+    return tombstones
 
 
 def _write_json_durably(path: Path, value: Any) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
+    with open(tmp, "w", encoding="utf-8", opener=private_file) as handle:
         json.dump(value, handle)
         handle.flush()
         os.fsync(handle.fileno())
@@ -111,9 +194,17 @@ def _write_json_durably(path: Path, value: Any) -> None:
     fsync_dir(path.parent)
 
 
-def forgotten_before(home: Path, conversation_id: str) -> datetime | None:
-    """The moment before which nothing of this conversation may be stored again, if any."""
+def _tombstoned(home: Path, conversation_id: str) -> bool:
     tombstones = read_tombstones(home)
+    return bool(
+        conversation_id in tombstones["turns"]
+        or conversation_id in tombstones["conversations"]
+        or tombstones["erased"]
+    )
+
+
+def _time_rule(tombstones: dict[str, Any], conversation_id: str) -> datetime | None:
+    """A tombstone from before digests: the time at or before which nothing may come back."""
     stamps = [tombstones["erased"], tombstones["conversations"].get(conversation_id)]
     moments = [_moment(s) for s in stamps if s]
     return max(moments) if moments else None
@@ -121,15 +212,36 @@ def forgotten_before(home: Path, conversation_id: str) -> datetime | None:
 
 def admit(home: Path, conversation: Conversation) -> Conversation:
     """What of a post may be stored, given the tombstones (called under the conversation's
-    lock): the turns stamped after the forget, renumbered densely; Forgotten when none are."""
-    cutoff = forgotten_before(home, conversation.conversation_id)
-    if cutoff is None:
+    lock): every turn that is not a forgotten one, renumbered densely; Forgotten when none is."""
+    tombstones = read_tombstones(home)
+    digests = set(tombstones["turns"].get(conversation.conversation_id, []))
+    before = _time_rule(tombstones, conversation.conversation_id)
+    if not digests and before is None:
         return conversation
-    kept = [line for line in conversation.lines if _moment(line["ts"]) > cutoff]
+    key = tombstone_key(home.parent) if digests else b""
+
+    def forgotten(turn: Turn) -> bool:
+        if before is not None and _moment(turn["ts"]) <= before:
+            return True
+        return bool(digests) and turn_digest(key, turn) in digests
+
+    kept = [turn for turn in conversation.lines if not forgotten(turn)]
     if not kept:
         raise Forgotten
-    lines = [{**line, "seq": seq} for seq, line in enumerate(kept)]
+    lines = [{**turn, "seq": seq} for seq, turn in enumerate(kept)]
     return replace(conversation, lines=lines)
+
+
+def readable_turns(path: Path) -> list[Turn]:
+    """The turns of a source that can be read, skipping a line that cannot (the digests of a
+    forget are taken from these: a damaged line must not keep the rest from its tombstone)."""
+    turns = []
+    for raw in path.read_bytes().splitlines():
+        with suppress(ValueError):  # not UTF-8 or not JSON
+            turn = json.loads(raw)
+            if isinstance(turn, dict):
+                turns.append(turn)
+    return turns
 
 
 # --- forget ----------------------------------------------------------------------------------
@@ -141,28 +253,32 @@ class SourceRemoved:
 
 
 ALREADY_FORGOTTEN = "already forgotten"
+NOT_DUE = "not due"
 
 
-def remove_source(home: Path, conversation_id: str, at: datetime) -> SourceRemoved | str | None:
+def remove_source(
+    home: Path, conversation_id: str, only_if: Callable[[list[Turn]], bool] | None = None
+) -> SourceRemoved | str | None:
     """Tombstone, then delete, one conversation's source, under its lock. SourceRemoved; or
-    ALREADY_FORGOTTEN when there is no source but a tombstone; or None when it is unknown."""
+    NOT_DUE when ``only_if`` (checked under the lock, on the stored turns) says no, and nothing
+    is removed; or ALREADY_FORGOTTEN when there is no source but a tombstone; or None when it
+    is unknown."""
     src = home / "src"
     if not src.is_dir():
-        return ALREADY_FORGOTTEN if forgotten_before(home, conversation_id) else None
+        return ALREADY_FORGOTTEN if _tombstoned(home, conversation_id) else None
     with conversation_lock(home, conversation_id):
         source = src / f"{conversation_id}{SOURCE_SUFFIX}"
         try:
-            turns = len(read_source(source))
+            turns = readable_turns(source)
         except FileNotFoundError:
-            return ALREADY_FORGOTTEN if forgotten_before(home, conversation_id) else None
-        except (OSError, ValueError):
-            turns = 0  # unreadable: it goes all the same
-        tombstones = read_tombstones(home)
-        tombstones["conversations"][conversation_id] = _stamp(at)
+            return ALREADY_FORGOTTEN if _tombstoned(home, conversation_id) else None
+        if only_if is not None and not only_if(turns):
+            return NOT_DUE
+        tombstones = _with_turns(home, {conversation_id: turns})
         _write_json_durably(home / TOMBSTONES, tombstones)  # before the delete: never neither
         source.unlink()
         fsync_dir(src)
-    return SourceRemoved(turns)
+    return SourceRemoved(len(turns))
 
 
 # --- receipts --------------------------------------------------------------------------------
@@ -173,20 +289,34 @@ def _receipts_file(data_dir: Path, user_hash: str) -> Path:
 
 
 def add_receipt(data_dir: Path, user_hash: str, receipt: dict[str, Any]) -> None:
+    """Append one receipt durably, on a line of its own: under an exclusive flock (two
+    processes never mix their lines), after dropping a last line a crash cut short."""
     path = _receipts_file(data_dir, user_hash)
-    path.parent.mkdir(exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(receipt) + "\n")
+    path.parent.mkdir(PRIVATE_DIR, exist_ok=True)
+    with open(path, "a+b", opener=private_file) as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        handle.seek(0)
+        stored = handle.read()
+        if stored and not stored.endswith(b"\n"):  # torn: unreadable, so never appended onto
+            handle.truncate(stored.rfind(b"\n") + 1)
+        handle.write(json.dumps(receipt).encode() + b"\n")  # "a": always at the end
         handle.flush()
         os.fsync(handle.fileno())
 
 
 def list_receipts(data_dir: Path, user_hash: str) -> list[dict[str, Any]]:
+    """The user's receipts, oldest first; a line cut short by a crash is skipped."""
     try:
-        text = _receipts_file(data_dir, user_hash).read_text(encoding="utf-8")
+        text = _receipts_file(data_dir, user_hash).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    receipts = []
+    for line in text.splitlines():
+        with suppress(ValueError):
+            receipt = json.loads(line)
+            if isinstance(receipt, dict):
+                receipts.append(receipt)
+    return receipts
 
 
 def _last_forget_receipt(
@@ -213,40 +343,47 @@ def _receipt(user_hash: str, operation: str, at: datetime, **details: Any) -> di
 # --- erase -----------------------------------------------------------------------------------
 
 
-def erase_home(home: Path, at: datetime) -> dict[str, int]:
-    """Replace the user's directory by one holding only the erasure tombstone; what went."""
+def erase_home(home: Path) -> dict[str, int]:
+    """Replace the user's directory by one holding only the erasure tombstone (the digests of
+    every stored turn, added to the tombstones already there); what went."""
     conversations = source_files(home)
-    turns = 0
+    erased = {}
     for path in conversations:
-        with suppress(OSError, ValueError):
-            turns += len(read_source(path))
+        with suppress(OSError):  # gone or unreadable: it goes all the same
+            erased[path.name[: -len(SOURCE_SUFFIX)]] = readable_turns(path)
+    tombstones = _with_turns(home, erased)
     fresh = home.with_name(f".{home.name}.{uuid.uuid4().hex}.new")
-    fresh.mkdir()
-    _write_json_durably(fresh / TOMBSTONES, {"erased": _stamp(at), "conversations": {}})
+    fresh.mkdir(PRIVATE_DIR)
+    _write_json_durably(fresh / TOMBSTONES, tombstones)
     aside = home.with_name(f".{home.name}.{uuid.uuid4().hex}.erased")
     if home.exists():
         os.rename(home, aside)
     os.rename(fresh, home)
     fsync_dir(home.parent)
     shutil.rmtree(aside, ignore_errors=True)
-    return {"conversations": len(conversations), "turns": turns}
+    return {"conversations": len(conversations), "turns": sum(map(len, erased.values()))}
 
 
 # --- retention -------------------------------------------------------------------------------
 
 
+def expired(turns: list[Turn], cutoff: datetime) -> bool:
+    """Whether a conversation's last turn is older than ``cutoff`` (no, when a time is
+    unreadable)."""
+    try:
+        return max(_moment(turn["ts"]) for turn in turns) < cutoff
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
 def expired_conversations(home: Path, cutoff: datetime) -> list[str]:
     """Conversations whose last turn is older than ``cutoff``."""
-    expired = []
+    names = []
     for path in source_files(home):
-        try:
-            turns = read_source(path)
-            last = max(_moment(turn["ts"]) for turn in turns)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if last < cutoff:
-            expired.append(path.name[: -len(SOURCE_SUFFIX)])
-    return expired
+        with suppress(OSError):
+            if expired(readable_turns(path), cutoff):
+                names.append(path.name[: -len(SOURCE_SUFFIX)])
+    return names
 
 
 def user_homes(data_dir: Path) -> list[Path]:
@@ -296,6 +433,11 @@ class NotFound(Exception):
     """No such conversation was ever stored (or it was never forgotten)."""
 
 
+class NotDue(Exception):
+    """A conditional forget's condition no longer held under the conversation's lock (it was
+    resumed after the retention sweep listed it): nothing was removed, no receipt written."""
+
+
 @dataclass
 class Lifecycle:
     data_dir: Path
@@ -312,13 +454,22 @@ class Lifecycle:
         (monotonic) and ends now: that recall may have read what the erasure removed."""
         return bool(self.erasures.hidden(home, started))
 
-    async def forget(self, home: Path, conversation_id: str, reason: str) -> dict[str, Any]:
-        """The receipt of the forget (the earlier one when it was already forgotten)."""
+    async def forget(
+        self,
+        home: Path,
+        conversation_id: str,
+        reason: str,
+        only_if: Callable[[list[Turn]], bool] | None = None,
+    ) -> dict[str, Any]:
+        """The receipt of the forget (the earlier one when it was already forgotten). With
+        ``only_if``, only when it holds for the stored turns at the moment of removal (NotDue)."""
         at = now_utc()
         async with self.scheduler.exclusive(home):
-            removed = await run_in(self.writes, remove_source, home, conversation_id, at)
+            removed = await run_in(self.writes, remove_source, home, conversation_id, only_if)
             if removed is None:
                 raise NotFound
+            if removed == NOT_DUE:
+                raise NotDue
             if removed == ALREADY_FORGOTTEN:
                 earlier = await run_in(
                     self.writes, _last_forget_receipt, self.data_dir, home.name, conversation_id
@@ -346,7 +497,7 @@ class Lifecycle:
         window = self.erasures.open(home, EVERYTHING)
         try:
             async with self.gates.erase(home), self.scheduler.exclusive(home):
-                removed = await run_in(self.writes, erase_home, home, at)
+                removed = await run_in(self.writes, erase_home, home)
                 receipt = _receipt(home.name, "erase", at, removed={**removed, "index_rows": None})
                 await run_in(self.writes, add_receipt, self.data_dir, home.name, receipt)
         finally:
@@ -357,11 +508,15 @@ class Lifecycle:
     async def sweep(self, retention_days: float) -> int:
         """Forget every conversation whose last turn is older than the retention; how many."""
         cutoff = now_utc() - timedelta(days=retention_days)
+
+        def still_expired(turns: list[Turn]) -> bool:  # a post since the listing may resume it
+            return expired(turns, cutoff)
+
         forgotten = 0
         for home in await run_in(self.writes, user_homes, self.data_dir):
             for conversation_id in await run_in(self.writes, expired_conversations, home, cutoff):
-                with suppress(NotFound):  # forgotten meanwhile
-                    await self.forget(home, conversation_id, "retention")
+                with suppress(NotFound, NotDue):  # forgotten, or resumed, meanwhile
+                    await self.forget(home, conversation_id, "retention", still_expired)
                     forgotten += 1
             # The recall audit is the user's data too: its old lines go with the same retention.
             await run_in(self.writes, audit.prune, home, _stamp(cutoff))

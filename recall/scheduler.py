@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from recall.conversations import source_files
+from recall.conversations import private_file, source_files
 from recall.engines.base import Engine
 from recall.logs import user_fields
 
@@ -127,7 +127,8 @@ async def index_and_mark(engine: Engine, home: Path) -> None:
 def mark_indexed(home: Path, engine: str, fingerprint: str) -> None:
     marker = _marker(home, engine)
     tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"sources": fingerprint}))
+    with open(tmp, "w", encoding="utf-8", opener=private_file) as handle:
+        handle.write(json.dumps({"sources": fingerprint}))
     tmp.replace(marker)
 
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, conversation, make_server
+from conftest import ROOT, conversation, make_server, turn
 
-from recall.conversations import user_dir_name
+from recall.conversations import read_source, user_dir_name
 from recall.scheduler import needs_index
 
 
@@ -29,6 +29,11 @@ def test_backfill_imports_and_indexes_and_reports_refused_lines(tmp_path: Path) 
         conversation("alice", "c1", "Ticket MT-4471 is open for the K-2 machine.", "Noted."),
         {"user": "alice", "conversation_id": "../escape", "turns": []},
         conversation("bob", "b1", "Motor P-7 has bearing noise, ticket MT-5120.", "Logged."),
+        {
+            "user": "bob",
+            "conversation_id": "b2",
+            "turns": [turn("user", "Hi", "2999-01-01T00:00:00Z")],
+        },
     ]
     source = tmp_path / "history.jsonl"
     source.write_text("".join(json.dumps(b) + "\n" for b in bodies) + "not json\n")
@@ -37,7 +42,10 @@ def test_backfill_imports_and_indexes_and_reports_refused_lines(tmp_path: Path) 
 
     assert done.returncode == 1  # some lines were refused
     assert "refused line 2: conversation_id" in done.stderr
-    assert "refused line 4: body: not valid JSON" in done.stderr
+    assert (
+        "refused line 4: turns[0].ts: more than 24 hours ahead of the server's clock" in done.stderr
+    )
+    assert "refused line 5: body: not valid JSON" in done.stderr
     assert "backfill 2/2" in done.stderr and "backfilled 2 conversations" in done.stderr
     data = tmp_path / "data"
     for user in ("alice", "bob"):
@@ -60,3 +68,31 @@ async def test_a_server_started_after_a_backfill_answers_at_once(tmp_path: Path)
     with make_server(tmp_path, ENGINE="embedded").start() as server:
         assert "MT-4471" in await server.recall("alice", "MT-4471 K-2")
         assert "indexed user" not in server.log()  # nothing left to catch up on
+
+
+def test_backfill_leaves_out_what_the_server_forgot(tmp_path: Path) -> None:
+    # Given two conversations the server stored and then forgot
+    c1 = conversation("alice", "c1", "The vault code word is zephyrquartz.", "Noted.")
+    c2 = conversation("alice", "c2", "The gate code is marigoldvector.", "Noted.")
+    with make_server(tmp_path, ENGINE="embedded").start() as server:
+        for body in (c1, c2):
+            assert server.post(body)[0] == 202
+        for cid in ("c1", "c2"):
+            forget = server.post({"user": "alice", "conversation_id": cid}, route="/forget")
+            assert forget[0] == 200
+
+    # When an old export holding both is backfilled, c1 with a turn said since
+    c1["turns"].append(turn("user", "New plan: quillfern.", "2026-11-30T10:00:00Z"))
+    source = tmp_path / "export.jsonl"
+    source.write_text(json.dumps(c1) + "\n" + json.dumps(c2) + "\n")
+    done = run_backfill(tmp_path, source)
+
+    # Then the forgotten turns stay out (the backfill reads the server's tombstone key): c1 holds
+    # only the new turn, c2 is left out, counted, and not an error
+    assert done.returncode == 0, done.stderr
+    assert "backfilled 1 conversations" in done.stderr and "left out 1 forgotten" in done.stderr
+    src = tmp_path / "data" / user_dir_name("alice") / "src"
+    assert [t["blocks"][0]["text"] for t in read_source(src / "c1.funes.jsonl")] == [
+        "New plan: quillfern."
+    ]
+    assert not (src / "c2.funes.jsonl").exists()

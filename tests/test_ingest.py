@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,11 @@ def with_turn(**changes: Any) -> dict[str, Any]:
     return body
 
 
+def hours_ahead(hours: float) -> str:
+    """A turn time this many hours ahead of now (the server's clock is this machine's)."""
+    return (datetime.now(UTC) + timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def without(mapping: dict[str, Any], key: str) -> dict[str, Any]:
     return {k: v for k, v in mapping.items() if k != key}
 
@@ -178,6 +184,8 @@ HOSTILE: list[tuple[str, Any, str]] = [
     ("ts date only", with_turn(ts="2026-10-08"), "turns[0].ts"),
     ("ts in year 0 once in UTC", with_turn(ts="0001-01-01T00:30:00+01:00"), "turns[0].ts"),
     ("ts in year 10000 once in UTC", with_turn(ts="9999-12-31T23:30:00-01:00"), "turns[0].ts"),
+    ("ts in year 9999", with_turn(ts="9999-12-31T00:00:00Z"), "turns[0].ts"),
+    ("ts a day and an hour ahead", with_turn(ts=hours_ahead(25)), "turns[0].ts"),
     ("id a number", with_turn(id=5), "turns[0].id"),
     ("id empty", with_turn(id=""), "turns[0].id"),
     (
@@ -304,6 +312,27 @@ def test_a_lone_surrogate_in_an_ignored_key_is_ignored(server: Server) -> None:
     body = body.replace(b'"role": ', b'"\\udc00": "y\\ud83d", "role": ')
     assert server.post(None, raw=body) == (202, {"stored": "cut-key"})
     assert validate_file(source(server, "alice", "cut-key")) is None
+
+
+def test_a_turn_stamped_more_than_a_day_ahead_is_refused_naming_the_bound(server: Server) -> None:
+    # Given a post whose second turn is stamped a day and five minutes ahead of the server
+    body = good("far-ahead")
+    body["turns"][1]["ts"] = hours_ahead(24 + 5 / 60)
+    before = tree(server.data_dir)
+    # When it is posted; then it is refused, naming the field and the bound, and nothing is written
+    assert server.post(body) == (
+        400,
+        {"error": "turns[1].ts: more than 24 hours ahead of the server's clock"},
+    )
+    assert tree(server.data_dir) == before
+
+
+def test_a_turn_stamped_hours_ahead_is_stored(server: Server) -> None:
+    # A gateway's clock a few hours off (or local time sent with Z) is not refused
+    body = good("hours-ahead")
+    body["turns"][1]["ts"] = hours_ahead(23)
+    assert server.post(body)[0] == 202
+    assert len(source(server, "alice", "hours-ahead").read_text().splitlines()) == 2
 
 
 def test_a_timestamp_early_in_year_one_is_stored_with_a_four_digit_year(server: Server) -> None:

@@ -3,7 +3,11 @@ retention. The forgotten text never comes back: not in recall, not in the index'
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,10 +16,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server, conversation, install_fake_funes, make_server, turn, wait_for
+from conftest import (
+    ROOT,
+    FakeFunes,
+    Server,
+    conversation,
+    install_fake_funes,
+    make_server,
+    turn,
+    wait_for,
+)
 
+from recall import lifecycle
 from recall.audit import AUDIT_FILE as AUDIT
+from recall.conversations import parse_conversation, read_source, user_dir_name, write_conversation
+from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, ForgetWindows
+from recall.lifecycle import Lifecycle, UserGates, list_receipts, turn_digest
+from recall.scheduler import IndexScheduler
+from recall.settings import Settings
 
 SECRET = "zephyrquartz"  # a word only the conversation to forget holds
 KEPT = "marigoldvector"  # a word only the conversation that stays holds
@@ -58,6 +77,11 @@ def receipts(server: Server, user: str) -> list[dict[str, Any]]:
 
 def source(server: Server, user: str, cid: str) -> Path:
     return server.home(user) / "src" / f"{cid}.funes.jsonl"
+
+
+def stored(server: Server, user: str, cid: str) -> list[tuple[int, str]]:
+    """(seq, text) of each stored turn of a conversation."""
+    return [(t["seq"], t["blocks"][0]["text"]) for t in read_source(source(server, user, cid))]
 
 
 def later(minutes: int = 1) -> str:
@@ -160,7 +184,8 @@ async def test_a_repost_of_a_forgotten_conversation_is_refused_with_410(
     seed(server, user)
     assert forget(server, user, "secret")[0] == 200
 
-    status, body = server.post(conversation(user, "secret", f"code {SECRET}", "Noted."))
+    again = conversation(user, "secret", f"The vault code word is {SECRET}.", "Noted.")
+    status, body = server.post(again)
 
     assert status == 410 and body["error"].startswith("conversation_id:")
     assert not source(server, user, "secret").exists()
@@ -177,14 +202,189 @@ async def test_a_repost_stores_only_turns_stamped_after_the_forget(
     status, _ = server.post(reposted)
 
     assert status == 202
-    stored = [json.loads(line) for line in source(server, user, "secret").read_text().splitlines()]
-    assert [(t["seq"], t["blocks"][0]["text"]) for t in stored] == [
-        (0, "And the lunch order is pelicanbrioche.")
-    ]
+    assert stored(server, user, "secret") == [(0, "And the lunch order is pelicanbrioche.")]
     server.wait_indexed(user)
     assert "pelicanbrioche" in await recall(server, user, "pelicanbrioche lunch")
     assert SECRET not in await recall(server, user, SECRET)
     assert SECRET.encode() not in index_bytes(server, user)
+
+
+async def test_a_forgotten_turn_stamped_ahead_of_the_server_never_comes_back(
+    server: Server, user: str
+) -> None:
+    # Given a conversation the gateway stamped two minutes ahead of our clock (skew, or local
+    # time sent with a Z), forgotten
+    ahead = {
+        "user": user,
+        "conversation_id": "ahead",
+        "turns": [
+            turn("user", f"The vault code word is {SECRET}.", later(2)),
+            turn("assistant", "Noted.", later(2)),
+        ],
+    }
+    assert server.post(ahead)[0] == 202
+    assert forget(server, user, "ahead")[0] == 200
+
+    # When the gateway re-posts the whole conversation after its next turn
+    ahead["turns"].append(turn("user", "And the lunch order is pelicanbrioche.", later(3)))
+    status, _ = server.post(ahead)
+
+    # Then only the new turn is stored, and the forgotten one is found nowhere
+    assert status == 202
+    assert stored(server, user, "ahead") == [(0, "And the lunch order is pelicanbrioche.")]
+    server.wait_indexed(user)
+    assert SECRET not in await recall(server, user, SECRET)
+    assert SECRET.encode() not in index_bytes(server, user)
+
+
+async def test_an_erased_turn_stamped_hours_ahead_never_comes_back(
+    server: Server, user: str
+) -> None:
+    # Given a user erased while one of their turns was stamped two hours ahead
+    body = {
+        "user": user,
+        "conversation_id": "ahead",
+        "turns": [turn("user", f"The vault code word is {SECRET}.", later(120))],
+    }
+    assert server.post(body)[0] == 202
+    assert server.post({"user": user}, route="/erase")[0] == 200
+
+    # When that conversation is posted again, alone and then with a new turn
+    alone = server.post(body)[0]
+    body["turns"].append(turn("assistant", "Starting afresh: quillfern.", later(121)))
+    status, _ = server.post(body)
+
+    # Then the erased turn is refused, then left out; the new one is stored
+    assert alone == 410
+    assert status == 202
+    assert stored(server, user, "ahead") == [(0, "Starting afresh: quillfern.")]
+    server.wait_indexed(user)
+    assert SECRET not in await recall(server, user, SECRET)
+
+
+def test_a_turn_stamped_within_the_second_after_a_forget_is_stored(
+    server: Server, user: str
+) -> None:
+    # Given a forgotten conversation, and the forget's time from its receipt
+    seed(server, user)
+    status, receipt = forget(server, user, "secret")
+    assert status == 200
+    at = datetime.fromisoformat(receipt["at"].replace("Z", "+00:00"))
+    within = at.strftime("%Y-%m-%dT%H:%M:%S") + ".999999Z"  # after it, in the same second
+
+    # When the re-post holds new turns, one stamped a fraction of a second after the forget
+    reposted = conversation(user, "secret", f"The vault code word is {SECRET}.", "Noted.")
+    reposted["turns"] += [
+        turn("user", "Order the quillfern seeds.", within),
+        turn("assistant", "Ordered.", later()),
+    ]
+    status, _ = server.post(reposted)
+
+    # Then the 202 stored both new turns: none was dropped silently
+    assert status == 202
+    assert stored(server, user, "secret") == [(0, "Order the quillfern seeds."), (1, "Ordered.")]
+
+
+def test_only_a_turn_of_the_same_role_second_and_text_stays_forgotten(
+    server: Server, user: str
+) -> None:
+    # Given a forgotten conversation whose first turn was the user's, at 09:00:00
+    seed(server, user)
+    assert forget(server, user, "secret")[0] == 200
+    said = f"The vault code word is {SECRET}."
+
+    # When a post holds that turn (in another notation of the same second, marked recalled) and
+    # turns that differ from it in one thing each
+    reposted = {
+        "user": user,
+        "conversation_id": "secret",
+        "turns": [
+            turn("user", said, "2026-10-08T11:00:00.400+02:00", recalled=True),
+            turn("assistant", said, "2026-10-08T09:00:00Z"),
+            turn("user", said, "2026-10-08T09:00:01Z"),
+            turn("user", "The vault code word is new.", "2026-10-08T09:00:00Z"),
+        ],
+    }
+    status, _ = server.post(reposted)
+
+    # Then only the forgotten turn is left out
+    assert status == 202
+    turns = read_source(source(server, user, "secret"))
+    assert [(t["seq"], t["role"], t["ts"], t["blocks"][0]["text"]) for t in turns] == [
+        (0, "assistant", "2026-10-08T09:00:00Z", said),
+        (1, "user", "2026-10-08T09:00:01Z", said),
+        (2, "user", "2026-10-08T09:00:00Z", "The vault code word is new."),
+    ]
+
+
+def test_a_tombstone_holds_keyed_digests_of_the_forgotten_turns_and_no_text(
+    server: Server, user: str
+) -> None:
+    # Given a forgotten conversation
+    body = conversation(user, "secret", f"The vault code word is {SECRET}.", "Noted.")
+    assert server.post(body)[0] == 202
+    assert forget(server, user, "secret")[0] == 200
+
+    # When its tombstone is read
+    raw = (server.home(user) / "tombstones.json").read_text()
+    digests = json.loads(raw)["turns"]["secret"]
+
+    # Then it holds one keyed digest per stored turn, and none of their text
+    key = bytes.fromhex((server.data_dir / "_keys" / "tombstone.key").read_text())
+    turns = parse_conversation(body).lines
+    assert digests == sorted(turn_digest(key, t) for t in turns)
+    assert all(re.fullmatch("[0-9a-f]{32}", d) for d in digests)
+    assert SECRET not in raw and "Noted" not in raw and user not in raw
+    # and without the key a guessed text cannot be checked against it
+    assert turn_digest(bytes(32), turns[0]) not in digests
+
+
+def test_a_tombstone_written_before_digests_keeps_its_time_rule(server: Server, user: str) -> None:
+    # Given a user whose tombstones are in the format of earlier versions: times only
+    assert server.post(conversation(user, "other", "Hello there.", "Hi."))[0] == 202
+    path = server.home(user) / "tombstones.json"
+    legacy = {"erased": None, "conversations": {"old": "2026-11-01T00:00:00.000000Z"}}
+    path.write_text(json.dumps(legacy))
+
+    # When that conversation is posted, with a turn from before the forget and one after
+    before = turn("user", f"Before: {SECRET}.", "2026-10-31T23:59:59Z")
+    after = turn("user", "After: quillfern.", "2026-11-01T00:00:01Z")
+    only_before = server.post({"user": user, "conversation_id": "old", "turns": [before]})[0]
+    status, _ = server.post({"user": user, "conversation_id": "old", "turns": [before, after]})
+
+    # Then the old rule holds: only what is stamped after the forget time is stored
+    assert only_before == 410
+    assert status == 202 and stored(server, user, "old") == [(0, "After: quillfern.")]
+    # and a forget since keeps the old tombstone beside the new one
+    assert forget(server, user, "other")[0] == 200
+    tombstones = json.loads(path.read_text())
+    assert tombstones["conversations"] == legacy["conversations"]
+    assert len(tombstones["turns"]["other"]) == 2
+    # and an erasure time of that format still holds for every conversation
+    path.write_text(json.dumps({"erased": "2026-11-01T00:00:00.000000Z", "conversations": {}}))
+    anything = {"user": user, "conversation_id": "any", "turns": [before]}
+    assert server.post(anything)[0] == 410
+
+
+def test_processes_racing_to_make_the_tombstone_key_agree_on_one(tmp_path: Path) -> None:
+    # Given no key yet; when several processes (the server, the backfill) need it at once
+    make = (
+        "import sys, pathlib, recall.lifecycle as lifecycle; "
+        "print(lifecycle.tombstone_key(pathlib.Path(sys.argv[1])).hex())"
+    )
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", make, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE
+        )
+        for _ in range(6)
+    ]
+    keys = {racer.communicate(timeout=120)[0] for racer in racers}
+
+    # Then they all use the one key that is on disk, and nothing else is left there
+    keys_dir = tmp_path / "_keys"
+    assert keys == {(keys_dir / "tombstone.key").read_bytes() + b"\n"}
+    assert len(bytes.fromhex(keys.pop().decode())) == 32
+    assert [p.name for p in keys_dir.iterdir()] == ["tombstone.key"]
 
 
 async def test_a_forget_racing_posts_of_the_same_conversation_never_lets_the_text_back(
@@ -259,7 +459,12 @@ async def test_erase_leaves_only_the_erasure_tombstone_and_answers_a_receipt(
     assert receipt["removed"]["conversations"] == 2 and receipt["removed"]["turns"] == 4
     home = server.home(user)
     assert sorted(p.name for p in home.iterdir()) == ["tombstones.json"]
-    assert set(json.loads((home / "tombstones.json").read_text())) == {"erased", "conversations"}
+    tombstones = json.loads((home / "tombstones.json").read_text())
+    assert set(tombstones) == {"turns", "erased", "conversations"}
+    assert {cid: len(digests) for cid, digests in tombstones["turns"].items()} == {
+        "secret": 2,
+        "kept": 2,
+    }
     assert await recall(server, user, SECRET) == NO_MEMORY
 
 
@@ -293,6 +498,30 @@ def test_receipts_list_every_forget_and_erase_without_text(server: Server, user:
     assert (server.data_dir / "_receipts" / f"{server.home(user).name}.jsonl").exists()
 
 
+def test_a_torn_last_receipt_line_is_skipped_and_never_appended_onto(
+    server: Server, user: str
+) -> None:
+    # Given a receipt, then a line cut short by a crash in the middle of an append
+    seed(server, user)
+    status, first = forget(server, user, "secret")
+    assert status == 200
+    path = server.data_dir / "_receipts" / f"{server.home(user).name}.jsonl"
+    with path.open("a") as handle:
+        handle.write('{"receipt": "cut-short", "operat')
+
+    # When the receipts are listed, the forget repeated and another receipt written
+    listed = receipts(server, user)
+    again = forget(server, user, "secret")
+    erased = server.post({"user": user}, route="/erase")
+
+    # Then the earlier receipt answers, and the next one is readable on a line of its own
+    assert listed == [first]
+    assert again == (200, first)
+    assert erased[0] == 200
+    assert receipts(server, user) == [first, erased[1]]
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [first, erased[1]]
+
+
 # --- retention --------------------------------------------------------------------------------
 
 
@@ -323,6 +552,51 @@ async def test_retention_forgets_conversations_whose_last_turn_is_older(
         assert SECRET not in await server.recall("alice", SECRET)
         assert KEPT in await server.recall("alice", KEPT)
         assert server.post(old)[0] == 410  # the same tombstone rule
+
+
+async def test_retention_keeps_a_conversation_resumed_after_the_sweep_listed_it(
+    tmp_path: Path, fake_funes: FakeFunes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a conversation whose last turn is long past the retention
+    data_dir = tmp_path / "data"
+    home = data_dir / user_dir_name("alice")
+    old = conversation("alice", "old", f"Long ago {SECRET}.", "Ok.")
+    write_conversation(home, parse_conversation(old))
+    # and the gateway posting its next turn just after the sweep has listed it as expired
+    old["turns"].append(turn("user", f"Back to it: {KEPT}.", later(0)))
+    listed = lifecycle.expired_conversations
+
+    def listed_then_resumed(home: Path, cutoff: datetime) -> list[str]:
+        names = listed(home, cutoff)
+        write_conversation(home, parse_conversation(old))
+        return names
+
+    monkeypatch.setattr(lifecycle, "expired_conversations", listed_then_resumed)
+    (tmp_path / "tokens.json").write_text("{}")
+    settings = Settings(
+        ingest_key="k" * 32,
+        auth_tokens_file=tmp_path / "tokens.json",
+        engine="funes",
+        funes_bin=str(fake_funes.path),
+        data_dir=data_dir,
+    )
+    scheduler = IndexScheduler(lambda _: asyncio.sleep(0), debounce=60)
+
+    # When the retention sweep runs
+    with ThreadPoolExecutor(2) as writes:
+        sweep = Lifecycle(data_dir, make_engine(settings), scheduler, writes, UserGates())
+        forgot = await sweep.sweep(30)
+        await scheduler.close()
+
+    # Then the resumed conversation stays whole, with no retention receipt
+    assert forgot == 0
+    assert [t["blocks"][0]["text"] for t in read_source(home / "src" / "old.funes.jsonl")] == [
+        f"Long ago {SECRET}.",
+        "Ok.",
+        f"Back to it: {KEPT}.",
+    ]
+    assert list_receipts(data_dir, home.name) == []
+    assert not (home / "tombstones.json").exists()
 
 
 # --- funes: hits of a conversation being forgotten are dropped until the swap ----------------
