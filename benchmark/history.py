@@ -57,8 +57,11 @@ PER_ENTITY = 6  # conversations each site and piece of equipment appears in (the
 CLUSTER = 3  # near-identical facts per group: "the same symptom on three machines"
 SMALL_TALK_EQUIPMENT = 2  # equipment slots per conversation besides the fact's
 SECOND_SITE_SHARE = 0.5  # share of conversations that mention a second site in small talk
-YEAR_START = datetime(2026, 1, 5, tzinfo=UTC)
-YEAR_DAYS = 350  # about a year of working history inside 2026
+# A Monday; the whole history lies in the past, since the server refuses turns stamped more than
+# a day ahead of its clock (it was 2026-01-05: 52 weeks later, the same weekdays, but its last
+# weeks ran past the day this bound came in, 2026-12-01).
+YEAR_START = datetime(2025, 1, 6, tzinfo=UTC)
+YEAR_DAYS = 350  # about a year of working history
 
 PEOPLE = (
     "Dana", "Tomas", "Priya", "Marek", "Aisha", "Jonas",

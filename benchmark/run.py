@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +146,13 @@ async def freshness(live: LocalServer) -> float:
     """Seconds from a new conversation's 202 until the tool finds it (default debounce)."""
     marker = f"FR-{secrets.randbelow(10**6):06d}"
     texts = [f"Open a ticket {marker} for the leaking valve.", f"Ticket {marker} is open."] * 3
+    now = datetime.now(UTC).replace(microsecond=0)
     turns = [
-        {"role": ("user", "assistant")[n % 2], "text": text, "ts": f"2026-12-30T09:0{n}:00Z"}
+        {
+            "role": ("user", "assistant")[n % 2],
+            "text": text,
+            "ts": (now + timedelta(seconds=n)).isoformat().replace("+00:00", "Z"),
+        }
         for n, text in enumerate(texts)
     ]
     body = {"user": USER, "conversation_id": f"fresh-{marker}", "turns": turns}
