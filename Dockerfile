@@ -66,10 +66,11 @@ COPY recall ./recall
 # A regular (not editable) install: the console script and every dependency from pyproject.
 RUN pip install --no-cache-dir . && rm -rf build ./*.egg-info
 
-# A fixed non-root uid/gid, so volume ownership and runAsNonRoot policies are predictable.
+# A fixed non-root uid/gid, so volume ownership and runAsNonRoot policies are predictable; the
+# data directory owner-only (0700), like everything the server creates in it.
 RUN groupadd --gid 10001 app \
  && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin app \
- && mkdir -p /data/memories \
+ && mkdir -p -m 0700 /data/memories \
  && chown app:app /data/memories
 
 # HOST=0.0.0.0: the server defaults to loopback, which a published port cannot reach.

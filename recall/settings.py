@@ -41,8 +41,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("recall-data"), description="where user directories live")
     log_level: str = Field(
         "INFO",
-        description="`DEBUG`, `INFO`, `WARNING` or `ERROR`, for our lines and FastMCP's and "
-        "uvicorn's alike; logs never hold user ids, tokens, keys or conversation text",
+        description="`DEBUG`, `INFO`, `WARNING` or `ERROR` for our lines, and from `INFO` up for "
+        "FastMCP's and uvicorn's (their debug lines quote requests); logs never hold user ids, "
+        "tokens, keys or conversation text",
     )
     # Text by default: what a person reads in a terminal; json for a log collector.
     log_format: Literal["text", "json"] = Field(
