@@ -587,7 +587,7 @@ async def test_an_index_built_by_another_model_is_rebuilt_whole(
     await after.index(home)
     assert len(other.texts) == sum(len(turns) for _, turns in CORPUS.values())
     assert not after.index_outdated(home) and not index_stale(after, home)
-    assert "MT-4471" in hits(await after.recall(home, "MT-4471"))[0]
+    assert "MT-4471" in hits((await after.recall(home, "MT-4471")).text)[0]
 
 
 async def test_a_db_from_before_embedders_were_recorded_is_kept_for_the_packaged_model(
