@@ -177,7 +177,7 @@ def turn_places(home: Path, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str
             with open(home / "src" / f"{conversation_id}{SOURCE_SUFFIX}", encoding="utf-8") as src:
                 for index, raw in enumerate(src):
                     line = json.loads(raw) if raw.strip() else {}
-                    if line.get("turn_uuid") in turn_ids:
+                    if isinstance(line, dict) and line.get("turn_uuid") in turn_ids:
                         places[(conversation_id, line["turn_uuid"])] = line.get("seq", index)
                         turn_ids.discard(line["turn_uuid"])
                         if not turn_ids:
