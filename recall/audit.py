@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from recall.conversations import fsync_dir, private_file
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Recalled
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Passage, Recalled
 
 AUDIT_FILE = "audit.jsonl"
 OUTCOMES = {NO_MEMORY: "no_memory", NOTHING_FOUND: "nothing_found", UNAVAILABLE: "unavailable"}
@@ -32,24 +32,22 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def served(passage: Passage) -> dict[str, str]:
+    """Where a served passage came from, as the audit (and the memory page) names it: its
+    conversation and turn, the turn's time, and its role when the engine says."""
+    where = {"conversation_id": passage.conversation_id, "turn": passage.turn_id, "ts": passage.ts}
+    return where | ({"role": passage.role} if passage.role else {})
+
+
 def entry(client: str | None, query: str, answer: Recalled) -> dict[str, Any]:
-    """One audit line for a tool call that searched ``query`` and answered ``answer``."""
-    outcome = OUTCOMES.get(answer.text, "passages")
-    served = [
-        {
-            "conversation_id": p.conversation_id,
-            "turn": p.turn_id,
-            "ts": p.ts,
-            **({"role": p.role} if p.role else {}),
-        }
-        for p in answer.passages
-    ]
+    """One audit line for a tool call that searched ``query`` and answered ``answer`` (a
+    fail-soft answer holds no passages)."""
     return {
         "at": now(),
         "client": client,
         "query": query,
-        "outcome": outcome,
-        "served": served if outcome == "passages" else [],
+        "outcome": OUTCOMES.get(answer.text, "passages"),
+        "served": [served(passage) for passage in answer.passages],
     }
 
 

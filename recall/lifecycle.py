@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import hashlib
 import hmac
 import json
@@ -116,14 +117,19 @@ def parse_request(body: Any, limits: Limits, *, conversation: bool) -> tuple[str
 # --- the tombstone key: the one place it is kept (another store may keep it elsewhere) --------
 
 
+_keys: dict[Path, bytes] = {}  # read once per DATA_DIR: a post of a forgotten conversation needs it
+
+
 def tombstone_key(data_dir: Path) -> bytes:
     """The server's key for tombstone digests: DATA_DIR/_keys/tombstone.key, made on first need.
 
     Made durably and atomically: a complete file is linked into place, which never replaces one,
     so when the server and the backfill command race, the first link wins and both read its key.
     Lost, it cannot be made again: the digests it made would match nothing (back it up with
-    DATA_DIR)."""
+    DATA_DIR). Once read it never changes, so each process reads it once."""
     path = data_dir / KEYS_DIR / TOMBSTONE_KEY
+    if (known := _keys.get(path)) is not None:
+        return known
     if not path.exists():
         path.parent.mkdir(PRIVATE_DIR, exist_ok=True)
         tmp = path.with_name(f".{TOMBSTONE_KEY}.{uuid.uuid4().hex}.tmp")
@@ -141,6 +147,7 @@ def tombstone_key(data_dir: Path) -> bytes:
     key = bytes.fromhex(path.read_text(encoding="ascii").strip())
     if len(key) != 32:
         raise ValueError(f"{KEYS_DIR}/{TOMBSTONE_KEY}: not 64 hex digits")
+    _keys[path] = key
     return key
 
 
@@ -253,16 +260,20 @@ class SourceRemoved:
 
 
 ALREADY_FORGOTTEN = "already forgotten"
-NOT_DUE = "not due"
+
+
+class NotDue(Exception):
+    """A conditional forget's condition no longer held under the conversation's lock (it was
+    resumed after the retention sweep listed it): nothing was removed, no receipt written."""
 
 
 def remove_source(
     home: Path, conversation_id: str, only_if: Callable[[list[Turn]], bool] | None = None
 ) -> SourceRemoved | str | None:
     """Tombstone, then delete, one conversation's source, under its lock. SourceRemoved; or
-    NOT_DUE when ``only_if`` (checked under the lock, on the stored turns) says no, and nothing
-    is removed; or ALREADY_FORGOTTEN when there is no source but a tombstone; or None when it
-    is unknown."""
+    ALREADY_FORGOTTEN when there is no source but a tombstone; or None when it is unknown.
+    NotDue when ``only_if`` (checked under the lock, on the stored turns) says no: nothing is
+    removed."""
     src = home / "src"
     if not src.is_dir():
         return ALREADY_FORGOTTEN if _tombstoned(home, conversation_id) else None
@@ -273,7 +284,7 @@ def remove_source(
         except FileNotFoundError:
             return ALREADY_FORGOTTEN if _tombstoned(home, conversation_id) else None
         if only_if is not None and not only_if(turns):
-            return NOT_DUE
+            raise NotDue
         tombstones = _with_turns(home, {conversation_id: turns})
         _write_json_durably(home / TOMBSTONES, tombstones)  # before the delete: never neither
         source.unlink()
@@ -433,11 +444,6 @@ class NotFound(Exception):
     """No such conversation was ever stored (or it was never forgotten)."""
 
 
-class NotDue(Exception):
-    """A conditional forget's condition no longer held under the conversation's lock (it was
-    resumed after the retention sweep listed it): nothing was removed, no receipt written."""
-
-
 @dataclass
 class Lifecycle:
     data_dir: Path
@@ -468,8 +474,6 @@ class Lifecycle:
             removed = await run_in(self.writes, remove_source, home, conversation_id, only_if)
             if removed is None:
                 raise NotFound
-            if removed == NOT_DUE:
-                raise NotDue
             if removed == ALREADY_FORGOTTEN:
                 earlier = await run_in(
                     self.writes, _last_forget_receipt, self.data_dir, home.name, conversation_id
@@ -508,10 +512,7 @@ class Lifecycle:
     async def sweep(self, retention_days: float) -> int:
         """Forget every conversation whose last turn is older than the retention; how many."""
         cutoff = now_utc() - timedelta(days=retention_days)
-
-        def still_expired(turns: list[Turn]) -> bool:  # a post since the listing may resume it
-            return expired(turns, cutoff)
-
+        still_expired = functools.partial(expired, cutoff=cutoff)  # a post may resume it
         forgotten = 0
         for home in await run_in(self.writes, user_homes, self.data_dir):
             for conversation_id in await run_in(self.writes, expired_conversations, home, cutoff):

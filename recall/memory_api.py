@@ -187,13 +187,21 @@ def turn_places(home: Path, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str
     return places
 
 
-def linked(hit: dict[str, Any], places: dict[tuple[str, str], int]) -> dict[str, Any]:
-    """A served passage with the turn it leads to (none when it is no longer stored, or an audit
-    line from before passages named their turn)."""
+def reference(hit: dict[str, Any]) -> tuple[str, str] | None:
+    """The (conversation id, turn id) a served passage names; None on an audit line from before
+    passages named their turn."""
     conversation_id, turn_id = hit.get("conversation_id"), hit.get("turn")
-    ids = (conversation_id, turn_id) if isinstance(conversation_id, str) else None
-    seq = places.get(ids) if ids and isinstance(turn_id, str) else None
-    turns = [] if seq is None else [{"conversation_id": conversation_id, "seq": seq}]
+    if isinstance(conversation_id, str) and isinstance(turn_id, str):
+        return conversation_id, turn_id
+    return None
+
+
+def linked(hit: dict[str, Any], places: dict[tuple[str, str], int]) -> dict[str, Any]:
+    """A served passage with the turn it leads to (none when it is no longer stored, or names
+    none)."""
+    where = reference(hit)
+    seq = places.get(where) if where else None
+    turns = [] if where is None or seq is None else [{"conversation_id": where[0], "seq": seq}]
     return {**hit, "turns": turns}
 
 
@@ -292,10 +300,7 @@ class MemoryApi:
             linked(
                 {
                     "text": recalled.text[p.start : p.end].rstrip("\n").removesuffix("\n---"),
-                    "conversation_id": p.conversation_id,
-                    "turn": p.turn_id,
-                    "ts": p.ts,
-                    **({"role": p.role} if p.role else {}),
+                    **audit.served(p),
                 },
                 places,
             )
@@ -328,11 +333,7 @@ class MemoryApi:
         home = self.home(user)
         entries, more = await run_in(self.files, audit.page, home, limit, before)
         served = [hit for entry in entries for hit in entry.get("served", [])]
-        wanted = [
-            (hit["conversation_id"], hit["turn"])
-            for hit in served
-            if isinstance(hit.get("conversation_id"), str) and isinstance(hit.get("turn"), str)
-        ]
+        wanted = [where for hit in served if (where := reference(hit))]
         places = await run_in(self.files, turn_places, home, wanted)
         for entry in entries:
             entry["served"] = [linked(hit, places) for hit in entry.get("served", [])]

@@ -27,7 +27,6 @@ log = logging.getLogger("recall.funes")
 # funes prints "  → get <session> <turn> --memory <path>" after each hit's header for agents
 # that can call `get`. Ours cannot; the lines would only leak server paths and session ids. We
 # read them for where each hit comes from, and never pass them on.
-HINT_LINE = re.compile(r"^[ \t]*→ get .*(?:\n|$)", re.MULTILINE)
 HINT = re.compile(r"^[ \t]*→ get (?P<session>\S+) (?P<turn>\S+)(?:[ \t]|$)")
 # A hit's header: "[<ts>] <harness> <workdir>/<session8> <block_type>  score=<s>". A hit starts
 # where such a line is followed by a hint line: a turn's own text may hold a "---" line or a line
@@ -263,26 +262,21 @@ def parse_hits(stdout: str) -> list[FunesHit]:
     head with no hit) holds no passage."""
     lines = stdout.splitlines()
     starts = [
-        i for i in range(len(lines) - 1) if HIT_HEADER.match(lines[i]) and HINT.match(lines[i + 1])
+        (i, header, hint)
+        for i in range(len(lines) - 1)
+        if (header := HIT_HEADER.match(lines[i])) and (hint := HINT.match(lines[i + 1]))
     ]
     hits = []
-    for n, start in enumerate(starts):
-        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+    for n, (start, header, hint) in enumerate(starts):
+        end = starts[n + 1][0] if n + 1 < len(starts) else len(lines)
         body = lines[start + 2 : end]
         while body and not body[-1].strip():
             body.pop()
         if body and body[-1].strip() == HIT_END:  # missing on a last hit cut by the output cap
             body.pop()
-        header, hint = HIT_HEADER.match(lines[start]), HINT.match(lines[start + 1])
-        assert header is not None and hint is not None
+        lines_shown = (lines[start], *body)
         hits.append(
-            FunesHit(
-                header["ts"],
-                hint["session"],
-                hint["turn"],
-                header["block_type"],
-                (lines[start], *body),
-            )
+            FunesHit(header["ts"], hint["session"], hint["turn"], header["block_type"], lines_shown)
         )
     return hits
 
