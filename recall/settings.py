@@ -108,6 +108,22 @@ class Settings(BaseSettings):
     )
     jwt_user_claim: str = Field("sub", description="the claim that names the user")
 
+    # The store: one directory per user (files), or one PostgreSQL shared by replicas.
+    store: Literal["files", "postgres"] = Field(
+        "files",
+        description="`files` (DATA_DIR, one server process) or `postgres` (DATABASE_URL, any "
+        "number of replicas)",
+    )
+    database_url: str | None = Field(
+        None,
+        description="with STORE=postgres: `postgresql://recall_app:...@host/db`, a role that does "
+        "not own the tables (`recall-server migrate` runs as the owner)",
+        json_schema_extra=shown("(required with STORE=postgres)"),
+    )
+    database_pool: int = Field(
+        10, ge=1, description="with STORE=postgres: connections each replica keeps at most"
+    )
+
     # Engines.
     engine: Literal["auto", "funes", "embedded"] = Field(
         "auto", description="`auto` (funes if found, else embedded), `funes`, `embedded`"
@@ -254,7 +270,9 @@ class Settings(BaseSettings):
         """Browser origins to serve besides the server's own and loopback ones."""
         return [name.strip() for name in self.allowed_origins.split(",") if name.strip()]
 
-    @field_validator("jwt_jwks_uri", "jwt_public_key", "jwt_issuer", "jwt_audience", "funes_bin")
+    @field_validator(
+        "jwt_jwks_uri", "jwt_public_key", "jwt_issuer", "jwt_audience", "funes_bin", "database_url"
+    )
     @classmethod
     def _blank_is_unset(cls, value: str | None) -> str | None:
         return value or None
@@ -326,6 +344,10 @@ class Settings(BaseSettings):
                     f"JWT mode requires {' and '.join(missing)}: without them a token the key "
                     "signed for another service or issuer would be accepted"
                 )
+        if self.store == "postgres" and not self.database_url:
+            found.append("STORE=postgres requires DATABASE_URL")
+        if self.store == "postgres" and self.engine == "funes":
+            found.append("ENGINE=funes reads files: it works with STORE=files only")
         return found
 
 

@@ -1,0 +1,140 @@
+"""The store seam: a user's memory, addressed by the user's hash (never a path, never the id).
+
+Two implementations, chosen by STORE: `files` (recall/files_store.py: one directory per user,
+today's layout, the default; search by funes or the embedded engine) and `postgres`
+(recall/pg/: every replica shares one database; search by the embedded ranking over it). Each
+implements both halves below; the server knows only these methods.
+
+- **Store**, the truth: conversations, tombstones, receipts, the audit, the index queue.
+- **Search**, the engine: is there something to search, and recall.
+
+Every method may raise StoreUnavailable when the store cannot be reached (the database is down):
+the write routes answer 503 with Retry-After, the tool fails soft, nothing is acknowledged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from recall.conversations import Conversation
+from recall.engines.base import Recalled
+
+Turn = dict[str, Any]  # one stored line, funes format 1
+Receipt = dict[str, Any]
+AuditLine = dict[str, Any]
+Mark = Any  # what `mark` returns and `erased_since` compares: opaque to the server
+MemoryState = Literal["none", "unindexed", "ready"]
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be reached now (the database is down); a retry later may succeed.
+    The message names the cause, never user data."""
+
+
+class Store(Protocol):
+    name: str  # "files" or "postgres": /healthz, /readyz, the log
+
+    async def start(self) -> None:
+        """Open what the store keeps (a pool, background loops); ConfigError when it cannot
+        serve (an unknown schema version, a table owner as the server's role)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def ready(self) -> str | None:
+        """None when requests can succeed, else the failing check's name ("data_dir",
+        "database", "engine", ...) for GET /readyz."""
+        ...
+
+    async def indexing(self) -> int:
+        """Users with an index run due or going on (0 once every write went through a run)."""
+        ...
+
+    async def index_lag(self) -> tuple[int, float]:
+        """Users with writes no run has started on yet, and the oldest such write's age in
+        seconds (0 when none): the same on every replica of a shared store."""
+        ...
+
+    # --- the write path ------------------------------------------------------------------
+
+    async def put(self, user: str, conversation: Conversation) -> bool:
+        """Store the whole conversation, durably (committed) before returning, then schedule
+        the user's index run. The tombstones decide what of it may be stored (Forgotten when
+        nothing may); a stale re-post (an older snapshot of what is stored) writes nothing:
+        False. Two writers of one conversation, on any replicas, end with one whole version."""
+        ...
+
+    # --- what the memory page reads -------------------------------------------------------
+
+    async def conversation_ids(self, user: str) -> list[str]: ...
+
+    async def turns(self, user: str, conversation_id: str) -> list[Turn] | None:
+        """One conversation's stored lines in order; None when there is no such conversation."""
+        ...
+
+    # --- the lifecycle -------------------------------------------------------------------
+
+    async def forget(
+        self,
+        user: str,
+        conversation_id: str,
+        reason: str,
+        only_if: Callable[[list[Turn]], bool] | None = None,
+    ) -> Receipt:
+        """Tombstone and remove one conversation, from the truth and the index; its receipt
+        (the earlier one when it was already forgotten). NotFound when it was never stored;
+        NotDue when ``only_if`` (checked on the stored turns, under the conversation's lock)
+        says no. Once it returns, no recall on any replica returns the conversation's text."""
+        ...
+
+    async def erase(self, user: str) -> Receipt:
+        """Tombstone every turn of the user, remove everything else of theirs; the receipt."""
+        ...
+
+    async def receipts(self, user: str) -> list[Receipt]: ...
+
+    async def sweep(self, retention_days: float) -> int:
+        """Forget every conversation whose last turn is older than the retention, and prune the
+        audit lines as old; how many conversations went."""
+        ...
+
+    # --- the audit, and recalls that overlap an erasure ------------------------------------
+
+    async def mark(self, user: str) -> Mark:
+        """Taken before a recall; `erased_since` tells whether an erasure came since."""
+        ...
+
+    async def erased_since(self, user: str, mark: Mark) -> bool: ...
+
+    async def append_audit(self, user: str, line: AuditLine, mark: Mark) -> None:
+        """Append one audit line, unless the user was erased since ``mark`` or has no data."""
+        ...
+
+    async def audit(self, user: str, since: str | None = None) -> list[AuditLine]:
+        """The audit lines, oldest first, those at or after ``since`` (a UTC ...Z time)."""
+        ...
+
+    async def audit_page(
+        self, user: str, limit: int, before: int | None = None
+    ) -> tuple[list[AuditLine], int | None]:
+        """Up to ``limit`` lines, newest first, of those before cursor ``before`` (None: the
+        end); and the next page's cursor (None: no more)."""
+        ...
+
+    # --- search -----------------------------------------------------------------------------
+
+    async def state(self, user: str) -> MemoryState:
+        """ "none": nothing stored; "unindexed": stored, but no index recall can read yet;
+        "ready"."""
+        ...
+
+    async def recall(self, user: str, query: str) -> Recalled:
+        """The engine's answer (text "" when nothing matches); EngineError when it cannot
+        search. Safe to cancel. Never returns a passage of a conversation forgotten (on any
+        replica) before the call returned."""
+        ...
+
+    def repair(self, user: str) -> None:
+        """A recall found the index unreadable: see that it is rebuilt (no wait)."""
+        ...
