@@ -39,7 +39,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from fastmcp import FastMCP
@@ -52,41 +51,30 @@ from starlette.responses import JSONResponse, Response
 
 from recall import audit
 from recall.auth import build_verifier, client_of, user_from_token
-from recall.concurrency import BoundedRuns, run_in
+from recall.concurrency import BoundedRuns
 from recall.conversations import (
     LONE_SURROGATE,
-    PRIVATE_DIR,
     PRIVATE_UMASK,
     InvalidConversation,
     parse_audit_request,
     parse_conversation,
-    remove_leftovers,
-    source_files,
     user_dir_name,
-    write_conversation,
 )
 from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError, Recalled
-from recall.lifecycle import (
-    Forgotten,
-    Lifecycle,
-    NotFound,
-    UserGates,
-    admit_for,
-    list_receipts,
-    parse_request,
-    user_homes,
-)
+from recall.files_store import FilesStore
+from recall.lifecycle import Forgotten, NotFound, parse_request, sweep_forever
 from recall.logs import configure_logging, user_fields
 from recall.memory_api import MemoryApi
-from recall.metrics import Metrics, failed_check, recall_timed_out
-from recall.scheduler import IndexScheduler, index_and_mark, index_stale
+from recall.metrics import Metrics, recall_timed_out
 from recall.settings import ConfigError, Settings, load_settings, settings_help
+from recall.store import Mark, Store, StoreUnavailable
 from recall.transport import BodyTooLarge, fit_descriptor_limit, read_limited, serve
 
 log = logging.getLogger("recall")
 
 T = TypeVar("T")  # what a keyed route parses its body into
+RETRY_AFTER_SECONDS = 5  # a 503 of a store that is down: when the gateway may try again
 MAX_QUERY_CHARS = 500  # a query is a few words; the cap bounds what one call can make us scan
 # Durable writes are short (a file, two fsyncs); their own few threads, so that nothing else
 # (index runs, recalls) can make the gateway's post wait for a thread.
@@ -134,11 +122,6 @@ def describe(exc: Exception) -> str:
     return str(exc) if isinstance(exc, EngineError) else type(exc).__name__
 
 
-def log_timed(message: str, user_home: Path, seconds: float) -> None:
-    """An info line on a user's timed work: the directory hash and seconds, also as JSON fields."""
-    log.info(message, user_home.name, seconds, extra=user_fields(user_home, seconds))
-
-
 def search_query(query: str) -> str:
     """What a query searches, from the tool and the memory page alike: trimmed, a cut character
     (a lone UTF-16 surrogate, which the page's JSON may carry) made U+FFFD, at most
@@ -148,6 +131,29 @@ def search_query(query: str) -> str:
 
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def unavailable() -> JSONResponse:
+    """The store cannot be reached (the database is down): nothing was done; retry later."""
+    response = error(503, "store: unavailable right now; nothing was stored or changed, retry")
+    response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
+def make_store(settings: Settings, writes: ThreadPoolExecutor, metrics: Metrics) -> Store:
+    """STORE=files: DATA_DIR and funes or the embedded engine; STORE=postgres: DATABASE_URL."""
+    if settings.store == "postgres":
+        from recall.pg.store import PgStore  # psycopg is needed only there
+
+        return PgStore.from_settings(settings)
+    return FilesStore(
+        settings.data_dir.resolve(),
+        make_engine(settings),
+        writes,
+        debounce=settings.index_debounce,
+        index_concurrency=settings.index_concurrency,
+        measure_index=metrics.index,
+    )
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -160,45 +166,24 @@ def create_app(settings: Settings) -> Starlette:
             "clients reach this server by (comma-separated)"
         )
     verifier = build_verifier(settings)
-    engine = make_engine(settings)
-    data_dir = settings.data_dir.resolve()
-    data_dir.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)
     limits = settings.limits()
     ingest_key = settings.ingest_key.encode()
     recalls = BoundedRuns(settings.recall_concurrency, settings.recall_timeout)
     writes = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="recall-write")
     metrics = Metrics()
-
-    def home(user: str) -> Path:
-        return data_dir / user_dir_name(user)
-
-    @metrics.index
-    async def index_user(user_home: Path) -> None:
-        started = time.monotonic()
-        await index_and_mark(engine, user_home)
-        log_timed("indexed user %s in %.2fs", user_home, time.monotonic() - started)
-
-    scheduler = IndexScheduler(index_user, settings.index_debounce, settings.index_concurrency)
-    metrics.watch(recalls, scheduler, engine)  # gauges read at scrape time
-    gates = UserGates()
-    lifecycle = Lifecycle(data_dir, engine, scheduler, writes, gates)
+    store = make_store(settings, writes, metrics)
+    metrics.watch(recalls, getattr(store, "engine", None))  # gauges read at scrape time
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
-        # Catch up on whatever changed while we were down, and rebuild any index that is gone
-        # or unreadable: a restart or a crash loses nothing, and leaves nothing half-written.
-        for user_home in user_homes(data_dir):
-            if removed := remove_leftovers(user_home):
-                log.info("user %s: removed %d files of cut-off writes", user_home.name, removed)
-            if index_stale(engine, user_home):
-                scheduler.schedule(user_home)
-        log.info("serving with the %s engine, data in %s", engine.name, data_dir)
+        await store.start()  # catches up on what changed while we were down
+        log.info("serving with the %s", store.describe())
         # Where the write route's key comes from, for whoever follows the README (never the key).
         log.info("POST /turns takes this server's INGEST_KEY environment variable in x-ingest-key")
         sweeper = None
         if settings.retention_days > 0:
             sweeper = asyncio.create_task(
-                lifecycle.sweep_forever(settings.retention_days, settings.retention_sweep_seconds)
+                sweep_forever(store, settings.retention_days, settings.retention_sweep_seconds)
             )
         try:
             yield {}
@@ -207,8 +192,7 @@ def create_app(settings: Settings) -> Starlette:
                 sweeper.cancel()
                 await asyncio.gather(sweeper, return_exceptions=True)
             await recalls.close()
-            await scheduler.close()
-            await engine.close()
+            await store.close()
             writes.shutdown()
 
     mcp = FastMCP("recall", auth=verifier, lifespan=lifespan)
@@ -248,21 +232,19 @@ def create_app(settings: Settings) -> Starlette:
         conversation = await keyed_request(request, lambda body: parse_conversation(body, limits))
         if isinstance(conversation, JSONResponse):
             return conversation
-        user_home = home(conversation.user)
+        user = user_dir_name(conversation.user)
         if conversation.redactions:  # kinds and counts only, never a value
-            log.info("user %s: redacted %s", user_home.name, conversation.redaction_summary())
-        # Durable before 202. A stale re-post (an older snapshot of what is stored) writes nothing.
-        # Tombstones: a forgotten (or erased) turn is never stored again; new turns are.
+            log.info("user %s: redacted %s", user, conversation.redaction_summary())
+        # Durable (committed) before 202. A stale re-post (an older snapshot of what is stored)
+        # writes nothing. Tombstones: a forgotten (or erased) turn is never stored again.
         try:
-            async with gates.post(user_home):
-                written = await run_in(
-                    writes, write_conversation, user_home, conversation, admit_for(user_home)
-                )
+            written = await store.put(user, conversation)
         except Forgotten:
             return error(410, "conversation_id: forgotten; every turn of this post was forgotten")
+        except StoreUnavailable:
+            return unavailable()
         if not written:
-            log.info("user %s: post already stored, nothing written", user_home.name)
-        scheduler.schedule(user_home)
+            log.info("user %s: post already stored, nothing written", user)
         return JSONResponse({"stored": conversation.conversation_id}, status_code=202)
 
     # --- the data lifecycle (recall/lifecycle.py): the user in the body, never in a URL -----
@@ -274,13 +256,15 @@ def create_app(settings: Settings) -> Starlette:
         )
         if isinstance(parsed, JSONResponse):
             return parsed
-        user, conversation_id = parsed
+        user, conversation_id = user_dir_name(parsed[0]), parsed[1]
         try:
-            receipt = await lifecycle.forget(home(user), conversation_id, "request")
+            receipt = await store.forget(user, conversation_id, "request")
         except NotFound:
             return error(404, "conversation_id: no such conversation for this user")
+        except StoreUnavailable:
+            return unavailable()
         except EngineError as exc:  # the source is gone and tombstoned; a retry finishes the job
-            log.warning("forget for user %s failed: %s", home(user).name, describe(exc))
+            log.warning("forget for user %s failed: %s", user, describe(exc))
             return error(503, "index: could not be cleaned yet; repeat the request")
         return JSONResponse(receipt)
 
@@ -288,14 +272,20 @@ def create_app(settings: Settings) -> Starlette:
     async def erase(request: Request) -> JSONResponse:
         if isinstance(user := await keyed_request(request, user_only), JSONResponse):
             return user
-        return JSONResponse(await lifecycle.erase(home(user)))
+        try:
+            return JSONResponse(await store.erase(user_dir_name(user)))
+        except StoreUnavailable:
+            return unavailable()
 
     @mcp.custom_route("/receipts", methods=["POST"])
     async def receipts(request: Request) -> JSONResponse:
         if isinstance(user := await keyed_request(request, user_only), JSONResponse):
             return user
-        user_hash = home(user).name
-        found = await run_in(writes, list_receipts, data_dir, user_hash)
+        user_hash = user_dir_name(user)
+        try:
+            found = await store.receipts(user_hash)
+        except StoreUnavailable:
+            return unavailable()
         return JSONResponse({"user": user_hash, "receipts": found})
 
     @mcp.custom_route("/audit", methods=["POST"])
@@ -306,27 +296,41 @@ def create_app(settings: Settings) -> Starlette:
         if isinstance(parsed, JSONResponse):
             return parsed
         user, since = parsed
-        entries = await run_in(writes, audit.read, home(user), since)
+        try:
+            entries = await store.audit(user_dir_name(user), since)
+        except StoreUnavailable:
+            return unavailable()
         return JSONResponse({"entries": entries})
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(_: Request) -> JSONResponse:
         # "indexing": users whose index run is due or going on (0: every write went through a
         # run); the seeder waits for 0 so that the demo's first search finds what it posted.
+        try:
+            indexing: int | None = await store.indexing()
+        except StoreUnavailable:  # alive all the same: /readyz says what is down
+            indexing = None
         return JSONResponse(
-            {"status": "ok", "engine": engine.name, "indexing": scheduler.pending()}
+            {"status": "ok", "store": store.name, "engine": store.engine_name, "indexing": indexing}
         )
 
     @mcp.custom_route("/readyz", methods=["GET"])
     async def readyz(_: Request) -> JSONResponse:
-        # Can requests succeed: DATA_DIR takes a file, the engine can answer. Off the loop (disk).
-        if failed := await run_in(writes, failed_check, data_dir, engine):
+        # Can requests succeed: the store takes a write (DATA_DIR, the database), the engine
+        # can answer.
+        if failed := await store.ready():
             return JSONResponse({"status": "not ready", "failed": failed}, status_code=503)
-        return JSONResponse({"status": "ready", "engine": engine.name})
+        return JSONResponse({"status": "ready", "store": store.name, "engine": store.engine_name})
 
     @mcp.custom_route("/metrics", methods=["GET"])
     async def metrics_page(request: Request) -> Response:
-        return metrics.page(request, settings.metrics_token)
+        if refused := metrics.refused(request, settings.metrics_token):
+            return refused
+        try:
+            lag = await store.index_lag()
+        except StoreUnavailable:
+            lag = (0, 0.0)  # the page still serves the process' own figures
+        return metrics.page(lag)
 
     # --- read path --------------------------------------------------------------------------
 
@@ -346,68 +350,77 @@ def create_app(settings: Settings) -> Starlette:
         if user is None:
             log.warning("recall refused: token has no %s claim", settings.jwt_user_claim)
             return UNAVAILABLE
-        user_home = home(user)  # from the verified token, never from the query
+        user_hash = user_dir_name(user)  # from the verified token, never from the query
         query = search_query(query)
-        started = time.monotonic()
-        answer = await search(user_home, query)
-        # The user's own audit: who looked up what, which passages. Under the user's gate, which
-        # an erase holds alone: a call that overlapped an erase leaves no line in what is left.
-        async with gates.post(user_home):
-            if user_home.is_dir() and not lifecycle.erased_since(user_home, started):
-                line = audit.entry(client_of(token, user), query, answer)
-                try:
-                    await run_in(writes, audit.append, user_home, line)
-                except OSError as exc:  # fail soft: the answer still goes out
-                    log.warning("audit for user %s not written: %s", user_home.name, exc.strerror)
+        try:
+            mark = await store.mark(user_hash)
+        except StoreUnavailable:
+            return UNAVAILABLE
+        answer = await search(user_hash, query, mark)
+        # The user's own audit: who looked up what, which passages; none when an erase overlapped.
+        line = audit.entry(client_of(token, user), query, answer)
+        try:
+            await store.append_audit(user_hash, line, mark)
+        except (OSError, StoreUnavailable) as exc:  # fail soft: the answer still goes out
+            log.warning("audit for user %s not written: %s", user_hash, type(exc).__name__)
         return answer.text
 
-    @metrics.recall
-    async def search(user_home: Path, query: str) -> Recalled:
-        started = time.monotonic()
-        found = await search_memory(user_home, query)
-        # A recall that overlapped an erase may have read what it erased: none of it goes out.
-        return Recalled(NO_MEMORY) if lifecycle.erased_since(user_home, started) else found
-
-    async def search_memory(user_home: Path, query: str) -> Recalled:
-        if not engine.has_memory(user_home):
-            if not source_files(user_home):
-                return Recalled(NO_MEMORY)
-            # Conversations stored but no readable index (deleted, corrupt, not built yet).
-            log.warning(
-                "recall for user %s: no readable index; rebuilding",
-                user_home.name,
-                extra=user_fields(user_home),
-            )
-            scheduler.ensure(user_home)
+    async def page_search(user: str, query: str) -> Recalled:
+        """The memory page's search: the tool's own (bounds, fail-soft), not audited."""
+        try:
+            mark = await store.mark(user)
+        except StoreUnavailable:
             return Recalled(UNAVAILABLE)
-        if not query:
-            return Recalled(NOTHING_FOUND)
+        return await search(user, query, mark)
+
+    @metrics.recall
+    async def search(user: str, query: str, mark: Mark) -> Recalled:
+        found = await search_memory(user, query)
+        # A recall that overlapped an erase may have read what it erased: none of it goes out.
+        try:
+            erased = await store.erased_since(user, mark)
+        except StoreUnavailable:
+            return Recalled(UNAVAILABLE)
+        return Recalled(NO_MEMORY) if erased else found
+
+    async def search_memory(user: str, query: str) -> Recalled:
         started = time.monotonic()
         try:
-            found = await recalls.run(lambda: engine.recall(user_home, query))
+            state = await store.state(user)
+            if state == "none":
+                return Recalled(NO_MEMORY)
+            if state == "unindexed":
+                # Conversations stored but no readable index (deleted, corrupt, not built yet).
+                log.warning(
+                    "recall for user %s: no readable index; rebuilding",
+                    user,
+                    extra=user_fields(user),
+                )
+                store.repair(user)
+                return Recalled(UNAVAILABLE)
+            if not query:
+                return Recalled(NOTHING_FOUND)
+            found = await recalls.run(lambda: store.recall(user, query))
         except Exception as exc:  # fail soft: whatever went wrong, the conversation goes on
             log.warning(
-                "recall failed for user %s: %s",
-                user_home.name,
-                describe(exc),
-                extra=user_fields(user_home),
+                "recall failed for user %s: %s", user, describe(exc), extra=user_fields(user)
             )
             if isinstance(exc, TimeoutError):  # the same answer; another outcome in /metrics
                 recall_timed_out()
             if isinstance(exc, EngineError):
-                scheduler.ensure(user_home)  # an unreadable index is rebuilt, not waited on
+                store.repair(user)  # an unreadable index is rebuilt, not waited on
             return Recalled(UNAVAILABLE)
-        log_timed("recall for user %s in %.3fs", user_home, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        log.info("recall for user %s in %.3fs", user, seconds, extra=user_fields(user, seconds))
         found = found.cut(settings.max_result_chars)
         return found if found.text else Recalled(NOTHING_FOUND)
 
     # --- the memory page (recall/memory_api.py): the person's bearer token, the tool's search ---
 
     memory = MemoryApi(
-        home,
-        search,
-        lifecycle,
-        writes,
+        store,
+        user_dir_name,
+        page_search,
         settings.jwt_user_claim,
         verifier.required_scopes,
         search_query,

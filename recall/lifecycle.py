@@ -52,7 +52,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from recall import audit
 from recall.concurrency import run_in
@@ -523,16 +523,22 @@ class Lifecycle:
             await run_in(self.writes, audit.prune, home, _stamp(cutoff))
         return forgotten
 
-    async def sweep_forever(self, retention_days: float, interval: float) -> None:
-        while True:
-            try:
-                if count := await self.sweep(retention_days):
-                    log.info("retention sweep forgot %d conversations", count)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # logged; the next sweep tries again
-                log.warning("retention sweep failed: %s", type(exc).__name__)
-            await asyncio.sleep(interval)
+
+class Sweeps(Protocol):
+    async def sweep(self, retention_days: float) -> int: ...
+
+
+async def sweep_forever(store: Sweeps, retention_days: float, interval: float) -> None:
+    """The retention sweep, every ``interval`` seconds, until cancelled."""
+    while True:
+        try:
+            if count := await store.sweep(retention_days):
+                log.info("retention sweep forgot %d conversations", count)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # logged; the next sweep tries again
+            log.warning("retention sweep failed: %s", type(exc).__name__)
+        await asyncio.sleep(interval)
 
 
 def admit_for(home: Path) -> Callable[[Conversation], Conversation]:

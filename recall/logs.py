@@ -30,9 +30,11 @@ JSON_UNESCAPED = re.compile("[\x7f-\x9f\u2028\u2029]")
 VETTED = "recall_vetted"
 
 
-def user_fields(home: Path, seconds: float | None = None) -> dict[str, object]:
-    """`extra=` for a line about a user (as the directory hash) and, if given, a duration."""
-    return {"user": home.name} if seconds is None else {"user": home.name, "seconds": seconds}
+def user_fields(user: str | Path, seconds: float | None = None) -> dict[str, object]:
+    """`extra=` for a line about a user (their hash, or their directory, named by it) and, if
+    given, a duration."""
+    name = user.name if isinstance(user, Path) else user
+    return {"user": name} if seconds is None else {"user": name, "seconds": seconds}
 
 
 def one_line(text: str) -> str:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,10 +40,10 @@ from starlette.responses import JSONResponse, Response
 
 from recall import audit
 from recall.auth import user_from_token
-from recall.concurrency import run_in
-from recall.conversations import CONVERSATION_ID, SOURCE_SUFFIX, is_recalled, read_source
+from recall.conversations import CONVERSATION_ID, is_recalled
 from recall.engines.base import EngineError, Recalled
-from recall.lifecycle import Lifecycle, NotFound
+from recall.lifecycle import NotFound
+from recall.store import Store, StoreUnavailable
 from recall.transport import BodyTooLarge, read_limited
 
 log = logging.getLogger("recall.memory")
@@ -80,6 +79,7 @@ STATIC_FILES = {  # path -> (file in recall/static, media type)
 }
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+RETRY_LATER = {"Retry-After": "5"}  # the store is down: seconds before a retry may succeed
 
 
 class BadRequest(Exception):
@@ -102,7 +102,7 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> J
     return answer({"error": message}, status, headers)
 
 
-# --- reading a user's conversations (on the write pool: file reads) --------------------------
+# --- a user's conversations as the page shows them ------------------------------------------
 
 
 def turn_text(turn: dict[str, Any]) -> str:
@@ -112,19 +112,8 @@ def turn_text(turn: dict[str, Any]) -> str:
     return "\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
 
 
-def conversation_ids(home: Path) -> list[str]:
-    src = home / "src"
-    if not src.is_dir():
-        return []
-    return sorted(p.name[: -len(SOURCE_SUFFIX)] for p in src.glob(f"*{SOURCE_SUFFIX}"))
-
-
-def read_turns(home: Path, conversation_id: str) -> list[dict[str, Any]] | None:
-    """One conversation's turns as the page shows them; None when there is no such source."""
-    try:
-        lines = read_source(home / "src" / f"{conversation_id}{SOURCE_SUFFIX}")
-    except FileNotFoundError:
-        return None
+def page_turns(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One conversation's stored lines as the page shows them."""
     return [
         {
             "seq": line.get("seq", index),
@@ -137,53 +126,53 @@ def read_turns(home: Path, conversation_id: str) -> list[dict[str, Any]] | None:
     ]
 
 
-def list_conversations(home: Path) -> list[dict[str, Any]]:
+def summary(conversation_id: str, turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """A conversation in the list: its id, dates, first line and number of turns."""
+    first_text = next((t["text"] for t in turns if t["text"].strip()), "")
+    first_line = first_text.strip().splitlines()[0] if first_text.strip() else ""
+    return {
+        "conversation_id": conversation_id,
+        "date": turns[0]["ts"],
+        "last": turns[-1]["ts"],
+        "first_line": first_line[:FIRST_LINE_CHARS],
+        "turns": len(turns),
+    }
+
+
+async def list_conversations(store: Store, user: str) -> list[dict[str, Any]]:
     """Every readable conversation, newest first (by its first turn), with its first line."""
     found = []
-    for conversation_id in conversation_ids(home):
+    for conversation_id in await store.conversation_ids(user):
         try:
-            turns = read_turns(home, conversation_id)
+            lines = await store.turns(user, conversation_id)
         except (OSError, ValueError):  # unreadable: the list goes on without it
-            log.warning("user %s: a source could not be read for the list", home.name)
+            log.warning("user %s: a conversation could not be read for the list", user)
             continue
-        if not turns:
-            continue
-        first_text = next((t["text"] for t in turns if t["text"].strip()), "")
-        first_line = first_text.strip().splitlines()[0] if first_text.strip() else ""
-        found.append(
-            {
-                "conversation_id": conversation_id,
-                "date": turns[0]["ts"],
-                "last": turns[-1]["ts"],
-                "first_line": first_line[:FIRST_LINE_CHARS],
-                "turns": len(turns),
-            }
-        )
+        if lines:
+            found.append(summary(conversation_id, page_turns(lines)))
     found.sort(key=lambda c: (c["date"], c["conversation_id"]), reverse=True)
     return found
 
 
-def turn_places(home: Path, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
-    """The seq of each (conversation id, turn id) that is still stored: each conversation read
-    once, up to the last turn wanted. A forgotten conversation's turns lead nowhere."""
+async def turn_places(
+    store: Store, user: str, wanted: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], int]:
+    """The seq of each (conversation id, turn id) that is still stored, each conversation read
+    once. A forgotten conversation's turns lead nowhere."""
     by_conversation: dict[str, set[str]] = {}
     for conversation_id, turn_id in wanted:
         by_conversation.setdefault(conversation_id, set()).add(turn_id)
     places = {}
     for conversation_id, turn_ids in by_conversation.items():
-        if not CONVERSATION_ID.fullmatch(conversation_id):  # it names a file: only a safe id
+        if not CONVERSATION_ID.fullmatch(conversation_id):
             continue
         try:
-            with open(home / "src" / f"{conversation_id}{SOURCE_SUFFIX}", encoding="utf-8") as src:
-                for index, raw in enumerate(src):
-                    line = json.loads(raw) if raw.strip() else {}
-                    if isinstance(line, dict) and line.get("turn_uuid") in turn_ids:
-                        places[(conversation_id, line["turn_uuid"])] = line.get("seq", index)
-                        turn_ids.discard(line["turn_uuid"])
-                        if not turn_ids:
-                            break
-        except (OSError, ValueError):  # gone, or unreadable right now: no link
+            lines = await store.turns(user, conversation_id) or []
+        except (OSError, ValueError):  # unreadable right now: no link
             continue
+        for index, line in enumerate(lines):
+            if isinstance(line, dict) and line.get("turn_uuid") in turn_ids:
+                places[(conversation_id, line["turn_uuid"])] = line.get("seq", index)
     return places
 
 
@@ -212,10 +201,9 @@ def linked(hit: dict[str, Any], places: dict[tuple[str, str], int]) -> dict[str,
 class MemoryApi:
     """The page and /api/me, wired to the server's own parts (recall_server.py)."""
 
-    home: Callable[[str], Path]  # the user's directory (a hash of the id)
-    search: Callable[[Path, str], Awaitable[Recalled]]  # the tool's search: bounds, fail-soft
-    lifecycle: Lifecycle
-    files: Executor  # the pool file work runs on (the server's write pool)
+    store: Store
+    user_key: Callable[[str], str]  # the user's hash: what the store is keyed by
+    search: Callable[[str, str], Awaitable[Recalled]]  # the tool's search: bounds, fail-soft
     user_claim: str  # JWT_USER_CLAIM
     required_scopes: list[str]  # the verifier's, as /mcp requires them
     clean_query: Callable[[str], str]  # the tool's own: what a query searched is
@@ -263,28 +251,31 @@ class MemoryApi:
                 log.warning("memory page refused: token has no %s claim", self.user_claim)
                 return error(401, f"authorization: the token names no user ({self.user_claim})")
             try:
-                return await handler(request, user)
+                return await handler(request, self.user_key(user))
             except BadRequest as exc:
                 return error(exc.status, str(exc))
+            except StoreUnavailable:
+                return error(503, "store: unavailable right now; try again", RETRY_LATER)
 
         return endpoint
 
-    async def me(self, _: Request, user: str) -> Response:
-        return answer({"user": user})
+    async def me(self, request: Request, _: str) -> Response:
+        token = verified_token(request)
+        return answer({"user": user_from_token(token, self.user_claim) if token else None})
 
     async def conversations(self, _: Request, user: str) -> Response:
-        found = await run_in(self.files, list_conversations, self.home(user))
+        found = await list_conversations(self.store, user)
         return answer({"conversations": found})
 
     async def conversation(self, request: Request, user: str) -> Response:
         conversation_id = checked_id((await json_body(request)).get("conversation_id"))
         try:
-            turns = await run_in(self.files, read_turns, self.home(user), conversation_id)
+            lines = await self.store.turns(user, conversation_id)
         except (OSError, ValueError):
             return error(503, "conversation_id: stored but not readable right now")
-        if turns is None:
+        if lines is None:
             return error(404, "conversation_id: no such conversation (or it was forgotten)")
-        return answer({"conversation_id": conversation_id, "turns": turns})
+        return answer({"conversation_id": conversation_id, "turns": page_turns(lines)})
 
     async def search_memory(self, request: Request, user: str) -> Response:
         body = await json_body(request)
@@ -292,10 +283,9 @@ class MemoryApi:
         if not isinstance(query, str):
             raise BadRequest("query: must be a string")
         query = self.clean_query(query)  # exactly what the tool searches
-        home = self.home(user)
-        recalled = await self.search(home, query)
+        recalled = await self.search(user, query)
         wanted = [(p.conversation_id, p.turn_id) for p in recalled.passages]
-        places = await run_in(self.files, turn_places, home, wanted)
+        places = await turn_places(self.store, user, wanted)
         found = [
             linked(
                 {
@@ -311,13 +301,12 @@ class MemoryApi:
     async def forget(self, request: Request, user: str) -> Response:
         body = await json_body(request)
         conversation_id = checked_id(body.get("conversation_id"))
-        home = self.home(user)
         try:
-            receipt = await self.lifecycle.forget(home, conversation_id, "request")
+            receipt = await self.store.forget(user, conversation_id, "request")
         except NotFound:
             return error(404, "conversation_id: no such conversation")
         except EngineError:  # the source is gone and tombstoned; a retry finishes the job
-            log.warning("forget from the memory page for user %s: index not cleaned", home.name)
+            log.warning("forget from the memory page for user %s: index not cleaned", user)
             return error(503, "index: could not be cleaned yet; repeat the request")
         return answer(receipt)
 
@@ -325,16 +314,15 @@ class MemoryApi:
         body = await json_body(request)
         if body.get("confirm") != ERASE_WORD:
             raise BadRequest(f'confirm: must be the word "{ERASE_WORD}"')
-        return answer(await self.lifecycle.erase(self.home(user)))
+        return answer(await self.store.erase(user))
 
     async def recall_audit(self, request: Request, user: str) -> Response:
         limit = query_number(request, "limit", AUDIT_PAGE, MAX_AUDIT_PAGE)
         before = query_number(request, "before", None)
-        home = self.home(user)
-        entries, more = await run_in(self.files, audit.page, home, limit, before)
+        entries, more = await self.store.audit_page(user, limit, before)
         served = [hit for entry in entries for hit in entry.get("served", [])]
         wanted = [where for hit in served if (where := reference(hit))]
-        places = await run_in(self.files, turn_places, home, wanted)
+        places = await turn_places(self.store, user, wanted)
         for entry in entries:
             entry["served"] = [linked(hit, places) for hit in entry.get("served", [])]
         return answer({"entries": entries, "next": more})

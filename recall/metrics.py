@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -32,7 +33,6 @@ from starlette.responses import JSONResponse, Response
 
 from recall.concurrency import BoundedRuns
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Engine, Recalled
-from recall.scheduler import IndexScheduler
 
 PREFIX = "recall_server_"
 # A `_created` timestamp series beside every counter and histogram only doubles the page (and
@@ -69,13 +69,6 @@ def data_dir_writable(data_dir: Path) -> bool:
     except OSError:
         return False
     return True
-
-
-def failed_check(data_dir: Path, engine: Engine) -> str | None:
-    """The name of the first readiness check that fails, or None when the server is ready."""
-    if not data_dir_writable(data_dir):
-        return "data_dir"
-    return engine.ready()
 
 
 # --- metrics ------------------------------------------------------------------------------
@@ -122,9 +115,10 @@ class Metrics:
             registry=registry,
         )
 
-    def watch(self, recalls: BoundedRuns, scheduler: IndexScheduler, engine: Engine) -> None:
-        """Read the gauges from these at each scrape."""
-        self.registry.register(_Gauges(recalls, scheduler, engine))
+    def watch(self, recalls: BoundedRuns, engine: Engine | None) -> None:
+        """Read the gauges from these at each scrape (and the index lag given to ``page``)."""
+        self.gauges = _Gauges(recalls, engine)
+        self.registry.register(self.gauges)
 
     # -- wrappers for the routes and runs they measure -------------------------------------
 
@@ -147,15 +141,15 @@ class Metrics:
         return measured
 
     def recall(
-        self, search: Callable[[Path, str], Awaitable[Recalled]]
-    ) -> Callable[[Path, str], Awaitable[Recalled]]:
+        self, search: Callable[..., Awaitable[Recalled]]
+    ) -> Callable[..., Awaitable[Recalled]]:
         """The server's search, counted and timed by outcome, told from the answer it gives."""
 
         @functools.wraps(search)
-        async def measured(home: Path, query: str) -> Recalled:
+        async def measured(*args: Any) -> Recalled:
             started = time.monotonic()
             _timed_out.set(False)
-            answer = await search(home, query)  # fails soft: never raises
+            answer = await search(*args)  # fails soft: never raises
             outcome = TIMEOUT if _timed_out.get() else OUTCOMES.get(answer.text, PASSAGES)
             self.recalls.labels(outcome).inc()
             self.recall_seconds.labels(outcome).observe(time.monotonic() - started)
@@ -187,8 +181,9 @@ class Metrics:
 
     # -- the page --------------------------------------------------------------------------
 
-    def page(self, request: Request, token: str) -> Response:
-        """The Prometheus text page; with a METRICS_TOKEN, only for its bearer (else 401)."""
+    @staticmethod
+    def refused(request: Request, token: str) -> Response | None:
+        """The 401 for a scrape without the METRICS_TOKEN bearer (None: it may read the page)."""
         if token:
             provided = request.headers.get("authorization", "").encode("latin-1")
             if not hmac.compare_digest(provided, f"Bearer {token}".encode()):
@@ -197,19 +192,25 @@ class Metrics:
                     status_code=401,
                     headers={"WWW-Authenticate": "Bearer"},
                 )
+        return None
+
+    def page(self, index_lag: tuple[int, float]) -> Response:
+        """The Prometheus text page; ``index_lag`` is the store's (read from the database when
+        it is shared, so every replica reports the same)."""
+        self.gauges.index_lag = index_lag
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 class _Gauges(Collector):
     """What is true now, read at scrape time: the index backlog, busy recall slots, the cache."""
 
-    def __init__(self, recalls: BoundedRuns, scheduler: IndexScheduler, engine: Engine) -> None:
+    def __init__(self, recalls: BoundedRuns, engine: Engine | None) -> None:
         self.recalls = recalls
-        self.scheduler = scheduler
         self.engine = engine
+        self.index_lag = (0, 0.0)  # set by Metrics.page before each scrape
 
     def collect(self) -> Iterator[Metric]:
-        waiting, oldest = self.scheduler.waiting()
+        waiting, oldest = self.index_lag
         yield GaugeMetricFamily(
             f"{PREFIX}index_waiting_users",
             "users with writes no index run has started on yet (debounce or queue)",

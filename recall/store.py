@@ -34,6 +34,12 @@ class StoreUnavailable(Exception):
 
 class Store(Protocol):
     name: str  # "files" or "postgres": /healthz, /readyz, the log
+    engine_name: str  # what searches: "embedded" or "funes"
+
+    def describe(self) -> str:
+        """What serves and where the data is, for the start-up line "serving with the ..."
+        (never a password)."""
+        ...
 
     async def start(self) -> None:
         """Open what the store keeps (a pool, background loops); ConfigError when it cannot

@@ -50,5 +50,10 @@ def test_a_missing_embedding_model_is_a_clear_startup_error(tmp_path: Path) -> N
 
 def test_the_server_reports_and_logs_its_engine(tmp_path: Path) -> None:
     with make_server(tmp_path, ENGINE="auto", FUNES_BIN="/no/such/funes").start() as server:
-        assert server.health() == {"status": "ok", "engine": "embedded", "indexing": 0}
+        assert server.health() == {
+            "status": "ok",
+            "store": "files",
+            "engine": "embedded",
+            "indexing": 0,
+        }
         assert "serving with the embedded engine" in server.log()

@@ -70,7 +70,7 @@ def test_a_healthy_server_is_ready(tmp_path: Path) -> None:
         status, body = get(server, "/readyz")
     # then it is, and says which engine answers
     assert status == 200
-    assert json.loads(body) == {"status": "ready", "engine": "embedded"}
+    assert json.loads(body) == {"status": "ready", "store": "files", "engine": "embedded"}
 
 
 def test_a_data_dir_that_takes_no_file_makes_it_not_ready(

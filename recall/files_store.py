@@ -1,0 +1,193 @@
+"""The files store (STORE=files, the default): one directory per user under DATA_DIR, one server
+process. The layout and every rule are those of recall/conversations.py (the write path),
+recall/lifecycle.py (forget, erase, tombstones, receipts, retention), recall/audit.py and
+recall/scheduler.py (debounced index runs in this process); search is funes or the embedded
+engine over the user's directory. This module only maps a user hash to that directory and runs
+the file work on the server's write threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from pathlib import Path
+
+from recall import audit
+from recall.concurrency import run_in
+from recall.conversations import (
+    CONVERSATION_ID,
+    PRIVATE_DIR,
+    SOURCE_SUFFIX,
+    Conversation,
+    read_source,
+    remove_leftovers,
+    source_files,
+    write_conversation,
+)
+from recall.engines.base import Engine, Recalled
+from recall.lifecycle import Lifecycle, UserGates, admit_for, list_receipts, user_homes
+from recall.logs import user_fields
+from recall.metrics import data_dir_writable
+from recall.scheduler import IndexScheduler, index_and_mark, index_stale
+from recall.store import AuditLine, Mark, MemoryState, Receipt, Turn
+
+log = logging.getLogger("recall")
+
+
+class FilesStore:
+    name = "files"
+
+    def __init__(
+        self,
+        data_dir: Path,
+        engine: Engine,
+        writes: Executor,
+        *,
+        debounce: float,
+        index_concurrency: int,
+        measure_index: Callable[[Callable[[Path], object]], Callable[[Path], object]] = (
+            lambda run: run
+        ),
+    ) -> None:
+        self.data_dir = data_dir
+        self.engine = engine
+        self.writes = writes
+
+        async def index_user(home: Path) -> None:
+            started = time.monotonic()
+            await index_and_mark(engine, home)
+            seconds = time.monotonic() - started
+            log.info(
+                "indexed user %s in %.2fs", home.name, seconds, extra=user_fields(home, seconds)
+            )
+
+        self.scheduler = IndexScheduler(
+            measure_index(index_user),  # type: ignore[arg-type]
+            debounce,
+            index_concurrency,
+        )
+        self.gates = UserGates()
+        self.lifecycle = Lifecycle(data_dir, engine, self.scheduler, writes, self.gates)
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine.name
+
+    def describe(self) -> str:
+        return f"{self.engine.name} engine on the files store, data in {self.data_dir}"
+
+    def home(self, user: str) -> Path:
+        """The user's directory: DATA_DIR/<user hash>."""
+        return self.data_dir / user
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)
+        # Catch up on whatever changed while we were down, and rebuild any index that is gone
+        # or unreadable: a restart or a crash loses nothing, and leaves nothing half-written.
+        for home in user_homes(self.data_dir):
+            if removed := remove_leftovers(home):
+                log.info("user %s: removed %d files of cut-off writes", home.name, removed)
+            if index_stale(self.engine, home):
+                self.scheduler.schedule(home)
+
+    async def close(self) -> None:
+        await self.scheduler.close()
+        await self.engine.close()
+
+    async def ready(self) -> str | None:
+        # Can requests succeed: DATA_DIR takes a file, the engine can answer. Off the loop (disk).
+        if not await run_in(self.writes, data_dir_writable, self.data_dir):
+            return "data_dir"
+        return self.engine.ready()
+
+    async def indexing(self) -> int:
+        return self.scheduler.pending()
+
+    async def index_lag(self) -> tuple[int, float]:
+        return self.scheduler.waiting()
+
+    async def put(self, user: str, conversation: Conversation) -> bool:
+        home = self.home(user)
+        # Tombstones: a forgotten (or erased) turn is never stored again; new turns are.
+        async with self.gates.post(home):
+            written = await run_in(
+                self.writes, write_conversation, home, conversation, admit_for(home)
+            )
+        self.scheduler.schedule(home)
+        return written
+
+    async def conversation_ids(self, user: str) -> list[str]:
+        return await run_in(self.writes, conversation_ids, self.home(user))
+
+    async def turns(self, user: str, conversation_id: str) -> list[Turn] | None:
+        return await run_in(self.writes, _read_turns, self.home(user), conversation_id)
+
+    async def forget(
+        self,
+        user: str,
+        conversation_id: str,
+        reason: str,
+        only_if: Callable[[list[Turn]], bool] | None = None,
+    ) -> Receipt:
+        return await self.lifecycle.forget(self.home(user), conversation_id, reason, only_if)
+
+    async def erase(self, user: str) -> Receipt:
+        return await self.lifecycle.erase(self.home(user))
+
+    async def receipts(self, user: str) -> list[Receipt]:
+        return await run_in(self.writes, list_receipts, self.data_dir, user)
+
+    async def sweep(self, retention_days: float) -> int:
+        return await self.lifecycle.sweep(retention_days)
+
+    async def mark(self, user: str) -> Mark:
+        return time.monotonic()
+
+    async def erased_since(self, user: str, mark: Mark) -> bool:
+        return self.lifecycle.erased_since(self.home(user), mark)
+
+    async def append_audit(self, user: str, line: AuditLine, mark: Mark) -> None:
+        home = self.home(user)
+        # Under the user's gate, which an erase holds alone: a call that overlapped an erase
+        # leaves no line in what is left.
+        async with self.gates.post(home):
+            if home.is_dir() and not self.lifecycle.erased_since(home, mark):
+                await run_in(self.writes, audit.append, home, line)
+
+    async def audit(self, user: str, since: str | None = None) -> list[AuditLine]:
+        return await run_in(self.writes, audit.read, self.home(user), since)
+
+    async def audit_page(
+        self, user: str, limit: int, before: int | None = None
+    ) -> tuple[list[AuditLine], int | None]:
+        return await run_in(self.writes, audit.page, self.home(user), limit, before)
+
+    async def state(self, user: str) -> MemoryState:
+        home = self.home(user)
+        if self.engine.has_memory(home):
+            return "ready"
+        return "unindexed" if source_files(home) else "none"
+
+    async def recall(self, user: str, query: str) -> Recalled:
+        return await self.engine.recall(self.home(user), query)
+
+    def repair(self, user: str) -> None:
+        self.scheduler.ensure(self.home(user))  # an unreadable index is rebuilt, not waited on
+
+
+def conversation_ids(home: Path) -> list[str]:
+    src = home / "src"
+    if not src.is_dir():
+        return []
+    return sorted(p.name[: -len(SOURCE_SUFFIX)] for p in src.glob(f"*{SOURCE_SUFFIX}"))
+
+
+def _read_turns(home: Path, conversation_id: str) -> list[Turn] | None:
+    if not CONVERSATION_ID.fullmatch(conversation_id):  # it names a file: only a safe id
+        return None
+    try:
+        return read_source(home / "src" / f"{conversation_id}{SOURCE_SUFFIX}")
+    except FileNotFoundError:
+        return None
