@@ -123,7 +123,10 @@ class PgServer:
     # --- the server --------------------------------------------------------------------------
 
     def start(self) -> PgServer:
-        """Start the server (initdb first, once); NoPostgres when none can start here."""
+        """Start the server (initdb first, once; nothing when it runs); NoPostgres when none can
+        start here."""
+        if self._running:
+            return self
         fresh = not (self.data / "PG_VERSION").exists()
         if fresh:
             self._initdb()
