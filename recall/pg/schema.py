@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import logging
 import os
 import sys
@@ -374,10 +375,31 @@ async def connect(url: str) -> psycopg.AsyncConnection:
         raise MigrationError("DATABASE_URL is not a PostgreSQL connection URL") from exc
 
 
+def key_id(key: bytes) -> str:
+    """How server_keys names a tombstone key: the first 8 hex digits of its SHA-256."""
+    return hashlib.sha256(key).hexdigest()[:8]
+
+
 def _reason(exc: psycopg.Error) -> str:
     """The server's (or libpq's) first line: it names roles and hosts, never a password."""
     text = (exc.diag.message_primary or str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+async def check_version(conn: psycopg.AsyncConnection) -> None:
+    """ConfigError, in one line, unless the database has exactly this server's schema."""
+    version = await _version(conn)
+    if version < SCHEMA_VERSION:
+        state = "has no recall schema" if version == 0 else f"has schema version {version}"
+        raise ConfigError(
+            f"the database {state}, this server needs {SCHEMA_VERSION}: run recall-server "
+            "migrate (DATABASE_URL naming the tables' owner)"
+        )
+    if version > SCHEMA_VERSION:
+        raise ConfigError(
+            f"the database has schema version {version}, newer than this server's "
+            f"({SCHEMA_VERSION}): upgrade the server"
+        )
 
 
 async def check_schema(conn: psycopg.AsyncConnection) -> None:
@@ -395,18 +417,7 @@ async def check_schema(conn: psycopg.AsyncConnection) -> None:
         raise ConfigError(unbound.format("is a superuser"))
     if bypass:
         raise ConfigError(unbound.format("has BYPASSRLS"))
-    version = await _version(conn)
-    if version < SCHEMA_VERSION:
-        state = "has no recall schema" if version == 0 else f"has schema version {version}"
-        raise ConfigError(
-            f"the database {state}, this server needs {SCHEMA_VERSION}: run recall-server "
-            "migrate (DATABASE_URL naming the tables' owner)"
-        )
-    if version > SCHEMA_VERSION:
-        raise ConfigError(
-            f"the database has schema version {version}, newer than this server's "
-            f"({SCHEMA_VERSION}): upgrade the server"
-        )
+    await check_version(conn)
     cur = await conn.execute(
         "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class "
         "WHERE oid = 'public.users'::regclass"
