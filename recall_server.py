@@ -109,6 +109,8 @@ usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, G
                                      /readyz, /metrics and POST /forget, /erase, /receipts, /audit
        recall-server backfill FILE   import a history in bulk while the server is stopped
                                      (recall-server backfill --help)
+       recall-server migrate         STORE=postgres: create or upgrade the schema, as the
+                                     tables' owner (recall-server migrate --help)
        recall-server --help          this text
 
 Settings are environment variables (default after =):
@@ -449,6 +451,10 @@ def main() -> None:
         from recall.backfill import main as backfill
 
         sys.exit(backfill(arguments[1:]))
+    if arguments[:1] == ["migrate"]:  # STORE=postgres: the schema, as the tables' owner
+        from recall.pg.schema import main as migrate
+
+        sys.exit(migrate(arguments[1:]))
     if arguments[:1] in (["--help"], ["-h"]):  # before the settings: help needs none of them
         print(USAGE + settings_help())
         return
