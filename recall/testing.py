@@ -97,6 +97,16 @@ class LocalServer:
                 time.sleep(0.1)
         raise RuntimeError(f"server did not start:\n{self.log()}")
 
+    def replica(self, log_name: str) -> LocalServer:
+        """Another server (not yet started) with these settings, key and tokens on a port of its
+        own: with STORE=postgres, a second replica of the same service."""
+        env = {**self.env, "PORT": str(free_port())}
+        return LocalServer(self.data_dir, env, self.tokens, self.log_path.with_name(log_name))
+
+    @property
+    def store(self) -> str:
+        return self.env.get("STORE", "files")
+
     def __enter__(self) -> LocalServer:
         return self
 
@@ -104,10 +114,17 @@ class LocalServer:
         self.stop()
 
     def wait_indexed(self, *users: str, timeout: float = 180) -> None:
-        """Until no index run lags behind these users' sources (the server's own marker)."""
+        """Until no index run lags behind these users' sources (the server's own marker; with
+        STORE=postgres, until no user of the database has an index run due)."""
         engine = self.health()["engine"]
         deadline = time.monotonic() + timeout
-        while any(needs_index(self.home(user), engine) for user in users):
+
+        def lagging() -> bool:
+            if self.store == "postgres":
+                return self.health()["indexing"] != 0
+            return any(needs_index(self.home(user), engine) for user in users)
+
+        while lagging():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"index not ready after {timeout:.0f}s:\n{self.log()[-2000:]}")
             time.sleep(0.2)

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
-from pg import NoPostgres, PgDatabase, PgServer
+from pg import NoPostgres, PgDatabase, PgServer, table_rows
+from psycopg.types.json import Jsonb
 
 from recall import testing
+from recall.conversations import user_dir_name
 from recall.testing import LocalServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,6 +129,66 @@ def pg_server() -> Iterator[PgServer]:
         pytest.skip(f"no PostgreSQL for these tests: {exc}")
     yield server
     server.cleanup()
+
+
+# --- the behaviour suite: each test that takes `backing` (or `module_backing`) runs on both -----
+
+STORES = ("files", "postgres")
+
+
+@dataclass
+class Backing:
+    """The store a behaviour test runs on: its server settings and a way to see all it holds."""
+
+    name: str
+    database: PgDatabase | None = None
+
+    @property
+    def settings(self) -> dict[str, str]:
+        if self.database is None:
+            return {}
+        return {"STORE": "postgres", "DATABASE_URL": self.database.app_url}
+
+    def snapshot(self, server: LocalServer) -> Any:
+        """Everything the store holds, for "nothing was written" checks: the files under
+        DATA_DIR, or every table's rows."""
+        if self.database is None:
+            return tree(server.data_dir)
+        return table_rows(self.database.superuser_url)
+
+    def add_audit(self, server: LocalServer, user: str, lines: list[dict[str, Any]]) -> None:
+        """Audit lines as the tool appends them, oldest first, put straight into the store (a
+        test of the audit's reading needs hundreds)."""
+        if self.database is None:
+            with open(server.home(user) / "audit.jsonl", "a", encoding="utf-8") as handle:
+                handle.writelines(json.dumps(line) + "\n" for line in lines)
+            return
+        with psycopg.connect(self.database.superuser_url) as conn:
+            for line in lines:
+                conn.execute(
+                    "INSERT INTO audit (user_hash, at, line) VALUES (%s, %s, %s)",
+                    (user_dir_name(user), line["at"], Jsonb(line)),
+                )
+
+
+def _backing(request: pytest.FixtureRequest) -> Iterator[Backing]:
+    if request.param == "files":
+        yield Backing("files")
+        return
+    pg: PgServer = request.getfixturevalue("pg_server")
+    database = pg.new_database()
+    yield Backing("postgres", database)
+    pg.drop_database(database.name)
+
+
+@pytest.fixture(params=STORES)
+def backing(request: pytest.FixtureRequest) -> Iterator[Backing]:
+    yield from _backing(request)
+
+
+@pytest.fixture(scope="module", params=STORES)
+def module_backing(request: pytest.FixtureRequest) -> Iterator[Backing]:
+    yield from _backing(request)
 
 
 @pytest.fixture

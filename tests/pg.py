@@ -35,7 +35,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from recall.pg.schema import APP_ROLE, migrate
+from recall.pg.schema import APP_ROLE, USER_TABLES, migrate
 from recall.testing import free_port
 
 T = TypeVar("T")
@@ -280,3 +280,17 @@ def _prepare_system_user(user: str, binaries: Path) -> None:
     ensure_prefix_permissions(binaries)
     ensure_folder_permissions(binaries, 0o055)
     ensure_folder_permissions(binaries.parent / "lib", 0o044)
+
+
+def table_rows(superuser_url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of the recall schema, in a stable order, for "nothing was
+    written" checks. As the superuser: forced row-level security binds even the tables' owner."""
+    tables = (*USER_TABLES, "server_keys")
+    with psycopg.connect(superuser_url) as conn:
+        return {
+            table: sorted(
+                conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table))).fetchall(),
+                key=repr,
+            )
+            for table in tables
+        }

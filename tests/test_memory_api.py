@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Server, conversation, make_server, tree, wait_for
+from conftest import ROOT, Backing, Server, conversation, make_server, wait_for
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 
+from recall.conversations import user_dir_name
 from recall.engines.base import NO_MEMORY
 
 STATIC = ROOT / "recall" / "static"
@@ -104,9 +105,11 @@ def as_user(server: Server, user: str, method: str, path: str, body: Any = None)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("memory-api")
-    server = make_server(workdir, ENGINE="embedded", users=("alice", "bob", "carol")).start()  # type: ignore[arg-type]
+    users = ("alice", "bob", "carol")
+    server = make_server(workdir, ENGINE="embedded", users=users, **module_backing.settings)
+    server.start()
     for body in (ALICE_SYNC, BOB_SYNC, ALICE_PALLETS, BOB_PALLETS, CAROL_GARDEN):
         assert server.post(body)[0] == 202
     server.wait_indexed("alice", "bob", "carol")
@@ -194,9 +197,9 @@ async def test_search_answers_exactly_what_the_agents_tool_answers_with_links(
 
 
 def test_a_search_with_no_memory_gives_the_tools_fail_soft_answer(
-    tmp_path: Path,
+    tmp_path: Path, backing: Backing
 ) -> None:
-    with make_server(tmp_path, ENGINE="embedded").start() as fresh:
+    with make_server(tmp_path, ENGINE="embedded", **backing.settings).start() as fresh:
         found = as_user(fresh, "alice", "POST", "/api/me/search", {"query": "anything"})
         assert found == {"query": "anything", "answer": NO_MEMORY, "passages": []}
         assert as_user(fresh, "alice", "GET", "/api/me/conversations") == {"conversations": []}
@@ -234,7 +237,7 @@ async def test_forgetting_through_the_api_removes_it_for_the_agent_and_leaves_bo
     receipt = as_user(server, "alice", "POST", "/api/me/forget", {"conversation_id": "pallet-plan"})
     # then she gets the receipt, and the conversation is gone from the page and from the tool
     assert receipt["operation"] == "forget" and receipt["conversation_id"] == "pallet-plan"
-    assert receipt["user"] == server.home("alice").name
+    assert receipt["user"] == user_dir_name("alice")
     assert receipt["removed"]["conversations"] == 1 and receipt["removed"]["turns"] == 2
     gone = call(server, "POST", "/api/me/conversation", PALLET_PLAN, server.tokens["alice"])
     assert gone[:1] == (404,)
@@ -249,26 +252,28 @@ async def test_forgetting_through_the_api_removes_it_for_the_agent_and_leaves_bo
     assert "960 units" in await server.recall("bob", "South pallets 960 units")
 
 
-def test_forgetting_an_unknown_conversation_is_404_and_writes_nothing(server: Server) -> None:
-    before = tree(server.home("alice"))
+def test_forgetting_an_unknown_conversation_is_404_and_writes_nothing(
+    server: Server, module_backing: Backing
+) -> None:
+    before = module_backing.snapshot(server)
     status, _, answer = call(
         server, "POST", "/api/me/forget", {"conversation_id": "never-was"}, server.tokens["alice"]
     )
     assert (status, answer) == (404, {"error": "conversation_id: no such conversation"})
-    assert tree(server.home("alice")) == before
+    assert module_backing.snapshot(server) == before
 
 
 async def test_erase_needs_the_typed_word_then_removes_everything_for_the_agent(
-    server: Server,
+    server: Server, module_backing: Backing
 ) -> None:
     # given carol's agent finds her garden plan
     assert "tomatoes" in await server.recall("carol", "greenhouse tomatoes")
-    before = tree(server.home("carol"))
+    before = module_backing.snapshot(server)
     # when she sends the wrong word, nothing happens
     for wrong in ({"confirm": "ERASE"}, {"confirm": "yes"}, {}):
         status, _, answer = call(server, "POST", "/api/me/erase", wrong, server.tokens["carol"])
         assert (status, answer) == (400, {"error": 'confirm: must be the word "erase"'})
-    assert tree(server.home("carol")) == before
+    assert module_backing.snapshot(server) == before
     # when she types the word, everything goes, with a receipt
     receipt = as_user(server, "carol", "POST", "/api/me/erase", {"confirm": "erase"})
     assert receipt["operation"] == "erase"
@@ -309,9 +314,9 @@ async def test_the_audit_shows_the_agents_recall_newest_first_with_links_to_the_
 
 @pytest.mark.parametrize(("method", "path", "body"), ENDPOINTS)
 def test_every_api_route_refuses_a_missing_or_bad_token_with_401_and_writes_nothing(
-    server: Server, method: str, path: str, body: Any
+    server: Server, method: str, path: str, body: Any, module_backing: Backing
 ) -> None:
-    before = tree(server.data_dir)
+    before = module_backing.snapshot(server)
     attempts = {
         "no token": ({}, "Bearer"),
         "unknown token": ({"authorization": "Bearer not-a-real-token"}, "invalid_token"),
@@ -329,7 +334,7 @@ def test_every_api_route_refuses_a_missing_or_bad_token_with_401_and_writes_noth
         assert status == 401, why
         assert answer == {"error": "authorization: a valid bearer token is required"}, why
         assert got["www-authenticate"].startswith("Bearer") and challenge in got["www-authenticate"]
-    assert tree(server.data_dir) == before
+    assert module_backing.snapshot(server) == before
 
 
 def test_a_jwt_names_the_user_by_its_claim_and_an_expired_one_is_refused(tmp_path: Path) -> None:
@@ -359,9 +364,11 @@ def test_a_jwt_names_the_user_by_its_claim_and_an_expired_one_is_refused(tmp_pat
 # --- bad input --------------------------------------------------------------------------------
 
 
-def test_bad_input_is_refused_naming_the_field_and_writes_nothing(server: Server) -> None:
+def test_bad_input_is_refused_naming_the_field_and_writes_nothing(
+    server: Server, module_backing: Backing
+) -> None:
     token = server.tokens["alice"]
-    before = tree(server.data_dir)
+    before = module_backing.snapshot(server)
     cases = [
         ("POST", "/api/me/search", {"query": 42}, None, 400, "query: must be a string"),
         ("POST", "/api/me/search", None, b"{not json", 400, "body: not valid JSON"),
@@ -382,7 +389,7 @@ def test_bad_input_is_refused_naming_the_field_and_writes_nothing(server: Server
         got_status, _, answer = call(server, method, path, body, token=token, raw=raw)
         assert got_status == status, (path, body, raw)
         assert answer["error"].startswith(message), answer
-    assert tree(server.data_dir) == before
+    assert module_backing.snapshot(server) == before
 
 
 # --- the browser's side: origins and the page -------------------------------------------------
@@ -485,9 +492,10 @@ FORGED_HEADER = conversation(
 
 
 @pytest.fixture(scope="module")
-def dana(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def dana(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("memory-api-dana")
-    server = make_server(workdir, ENGINE="embedded", users=("dana",)).start()  # type: ignore[arg-type]
+    settings = module_backing.settings
+    server = make_server(workdir, ENGINE="embedded", users=("dana",), **settings).start()
     for body in (*SAME_MINUTE, FORGED_HEADER):
         assert server.post(body)[0] == 202
     server.wait_indexed("dana")
@@ -495,21 +503,20 @@ def dana(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server.stop()
 
 
-def audit_lines(server: Server, user: str, count: int) -> None:
-    """``count`` audit lines written as the tool writes them, oldest first (query "call <n>")."""
-    home = server.home(user)
-    with open(home / "audit.jsonl", "a", encoding="utf-8") as handle:
-        for n in range(count):
-            line = {"at": f"2026-11-01T00:{n // 60:02d}:{n % 60:02d}Z", "client": None}
-            line |= {"query": f"call {n}", "outcome": "nothing_found", "served": []}
-            handle.write(json.dumps(line) + "\n")
+def audit_lines(count: int) -> list[dict[str, Any]]:
+    """``count`` audit lines shaped as the tool writes them, oldest first (query "call <n>")."""
+    return [
+        {"at": f"2026-11-01T00:{n // 60:02d}:{n % 60:02d}Z", "client": None}
+        | {"query": f"call {n}", "outcome": "nothing_found", "served": []}
+        for n in range(count)
+    ]
 
 
 def test_the_audit_comes_a_page_at_a_time_newest_first_and_follows_its_cursor(
-    dana: Server,
+    dana: Server, module_backing: Backing
 ) -> None:
     # Given an audit of 250 tool calls
-    audit_lines(dana, "dana", 250)
+    module_backing.add_audit(dana, "dana", audit_lines(250))
     # When the page asks for the first page, then follows the cursor to the end
     first = as_user(dana, "dana", "GET", "/api/me/audit")
     pages, cursor = [first["entries"]], first["next"]
