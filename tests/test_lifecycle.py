@@ -1,5 +1,6 @@
-"""The data lifecycle over real HTTP, on both engines: forget, tombstones, erase, receipts,
-retention. The forgotten text never comes back: not in recall, not in the index's bytes."""
+"""The data lifecycle over real HTTP, on both engines of the files store and on the PostgreSQL
+store: forget, tombstones, erase, receipts, retention. The forgotten text never comes back: not in
+recall, not in the index's bytes (its rows)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from conftest import (
     ROOT,
@@ -26,6 +30,7 @@ from conftest import (
     turn,
     wait_for,
 )
+from pg import PgDatabase, PgServer
 
 from recall import lifecycle
 from recall.audit import AUDIT_FILE as AUDIT
@@ -33,6 +38,7 @@ from recall.conversations import parse_conversation, read_source, user_dir_name,
 from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, ForgetWindows
 from recall.lifecycle import Lifecycle, UserGates, list_receipts, turn_digest
+from recall.pg.schema import USER_TABLES
 from recall.scheduler import IndexScheduler
 from recall.settings import Settings
 
@@ -40,9 +46,11 @@ SECRET = "zephyrquartz"  # a word only the conversation to forget holds
 KEPT = "marigoldvector"  # a word only the conversation that stays holds
 USERS = [f"user-{n}" for n in range(40)]  # each test takes a fresh one: the server is shared
 ENGINES = ["embedded", "funes"]
+# The files store with each engine, and the PostgreSQL store (the embedded ranking over it).
+STORES = [*ENGINES, "postgres"]
 
 
-@pytest.fixture(scope="module", params=ENGINES)
+@pytest.fixture(scope="module", params=STORES)
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
@@ -51,12 +59,39 @@ def server(
     funes = install_fake_funes(tmp / "funes-bin") if request.param == "funes" else None
     if funes is not None:
         settings["FUNES_BIN"] = str(funes.path)
+    database = None
+    if request.param == "postgres":
+        pg: PgServer = request.getfixturevalue("pg_server")
+        database = pg.new_database()
+        settings.update(ENGINE="embedded", STORE="postgres", DATABASE_URL=database.app_url)
     with make_server(tmp, users=USERS, **settings).start() as server:
         server.fake_funes = funes  # type: ignore[attr-defined]
+        server.database = database  # type: ignore[attr-defined]
         yield server
 
 
-_next_user = iter(USERS * len(ENGINES))
+_next_user = iter(USERS * len(STORES))
+
+
+@pytest.fixture
+def files_layout(server: Server) -> None:
+    """For a test of the files store's own layout on disk (tombstones.json, the receipts file)."""
+    if server.store != "files":
+        pytest.skip("the files store's on-disk layout")
+
+
+def rows_of(server: Server, user: str, tables: tuple[str, ...]) -> str:
+    """Every row of these tables that belongs to the user, as one text (PostgreSQL store)."""
+    database: PgDatabase = server.database  # type: ignore[attr-defined]
+    with psycopg.connect(database.superuser_url) as conn:
+        return repr(
+            [
+                conn.execute(
+                    f"SELECT * FROM {table} WHERE user_hash = %s", (user_dir_name(user),)
+                ).fetchall()
+                for table in tables
+            ]
+        )
 
 
 @pytest.fixture
@@ -75,13 +110,37 @@ def receipts(server: Server, user: str) -> list[dict[str, Any]]:
     return body["receipts"]
 
 
-def source(server: Server, user: str, cid: str) -> Path:
-    return server.home(user) / "src" / f"{cid}.funes.jsonl"
+def turns_stored(server: Server, user: str, cid: str) -> list[dict[str, Any]] | None:
+    """Each stored turn of a conversation (seq, ts, role, text, recalled) as the user's memory
+    page reads it from whichever store; None when there is none."""
+    request = urllib.request.Request(
+        f"{server.url}/api/me/conversation",
+        data=json.dumps({"conversation_id": cid}).encode(),
+        headers={"authorization": f"Bearer {server.tokens[user]}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())["turns"]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def is_stored(server: Server, user: str, cid: str) -> bool:
+    return turns_stored(server, user, cid) is not None
 
 
 def stored(server: Server, user: str, cid: str) -> list[tuple[int, str]]:
     """(seq, text) of each stored turn of a conversation."""
-    return [(t["seq"], t["blocks"][0]["text"]) for t in read_source(source(server, user, cid))]
+    return [(t["seq"], t["text"]) for t in turns_stored(server, user, cid) or []]
+
+
+def holds_nothing_of(server: Server, user: str) -> bool:
+    """Whether the store holds nothing at all for the user."""
+    if server.store == "postgres":
+        return rows_of(server, user, (*USER_TABLES,)) == repr([[] for _ in USER_TABLES])
+    return not server.home(user).exists()
 
 
 def later(minutes: int = 1) -> str:
@@ -106,6 +165,8 @@ def index_bytes(server: Server, user: str) -> bytes:
     """Every byte of the user's index files, lowercased (the FTS index stores terms lowercased).
     Not the recall audit: it keeps the queries asked (a query may quote what was later
     forgotten); erase removes it and retention prunes it."""
+    if server.store == "postgres":
+        return rows_of(server, user, ("chunks", "postings", "terms", "indexed")).lower().encode()
     home = server.home(user)
     files = [p for p in home.rglob("*") if p.is_file() and "src" not in p.parts and p.name != AUDIT]
     return b"".join(p.read_bytes() for p in files).lower()
@@ -127,7 +188,7 @@ async def test_forget_removes_the_conversation_and_answers_a_receipt(
     assert receipt["removed"]["conversations"] == 1 and receipt["removed"]["turns"] == 2
     assert receipt["receipt"] and receipt["at"].endswith("Z") and receipt["reason"] == "request"
     assert SECRET not in json.dumps(receipt)
-    assert not source(server, user, "secret").exists()
+    assert not is_stored(server, user, "secret")
     assert SECRET not in await recall(server, user, SECRET)
     assert KEPT in await recall(server, user, KEPT)
 
@@ -140,8 +201,9 @@ async def test_forgotten_text_is_gone_from_the_index_files(server: Server, user:
 
     assert SECRET.encode() not in index_bytes(server, user)
     assert KEPT.encode() in index_bytes(server, user)
-    wal = server.home(user) / "embedded" / "recall.db-wal"
-    assert not wal.exists() or wal.stat().st_size == 0  # checkpointed and truncated
+    if server.store == "files":
+        wal = server.home(user) / "embedded" / "recall.db-wal"
+        assert not wal.exists() or wal.stat().st_size == 0  # checkpointed and truncated
 
 
 def test_forget_of_an_unknown_conversation_is_404_and_writes_nothing(
@@ -149,7 +211,7 @@ def test_forget_of_an_unknown_conversation_is_404_and_writes_nothing(
 ) -> None:
     status, body = forget(server, user, "never-posted")
     assert status == 404 and body["error"].startswith("conversation_id:")
-    assert not server.home(user).exists()
+    assert holds_nothing_of(server, user)
     assert receipts(server, user) == []
 
 
@@ -165,7 +227,7 @@ def test_forget_without_the_ingest_key_is_refused(server: Server, user: str) -> 
     seed(server, user)
     status, body = forget(server, user, "secret", key="wrong-key-wrong-key")
     assert status == 401 and body["error"].startswith("x-ingest-key")
-    assert source(server, user, "secret").exists()
+    assert is_stored(server, user, "secret")
 
 
 def test_forget_with_a_bad_conversation_id_names_the_field(server: Server, user: str) -> None:
@@ -188,7 +250,7 @@ async def test_a_repost_of_a_forgotten_conversation_is_refused_with_410(
     status, body = server.post(again)
 
     assert status == 410 and body["error"].startswith("conversation_id:")
-    assert not source(server, user, "secret").exists()
+    assert not is_stored(server, user, "secret")
 
 
 async def test_a_repost_stores_only_turns_stamped_after_the_forget(
@@ -309,8 +371,8 @@ def test_only_a_turn_of_the_same_role_second_and_text_stays_forgotten(
 
     # Then only the forgotten turn is left out
     assert status == 202
-    turns = read_source(source(server, user, "secret"))
-    assert [(t["seq"], t["role"], t["ts"], t["blocks"][0]["text"]) for t in turns] == [
+    turns = turns_stored(server, user, "secret") or []
+    assert [(t["seq"], t["role"], t["ts"], t["text"]) for t in turns] == [
         (0, "assistant", "2026-10-08T09:00:00Z", said),
         (1, "user", "2026-10-08T09:00:01Z", said),
         (2, "user", "2026-10-08T09:00:00Z", "The vault code word is new."),
@@ -318,7 +380,7 @@ def test_only_a_turn_of_the_same_role_second_and_text_stays_forgotten(
 
 
 def test_a_tombstone_holds_keyed_digests_of_the_forgotten_turns_and_no_text(
-    server: Server, user: str
+    server: Server, user: str, files_layout: None
 ) -> None:
     # Given a forgotten conversation
     body = conversation(user, "secret", f"The vault code word is {SECRET}.", "Noted.")
@@ -339,7 +401,9 @@ def test_a_tombstone_holds_keyed_digests_of_the_forgotten_turns_and_no_text(
     assert turn_digest(bytes(32), turns[0]) not in digests
 
 
-def test_a_tombstone_written_before_digests_keeps_its_time_rule(server: Server, user: str) -> None:
+def test_a_tombstone_written_before_digests_keeps_its_time_rule(
+    server: Server, user: str, files_layout: None
+) -> None:
     # Given a user whose tombstones are in the format of earlier versions: times only
     assert server.post(conversation(user, "other", "Hello there.", "Hi."))[0] == 202
     path = server.home(user) / "tombstones.json"
@@ -401,7 +465,7 @@ async def test_a_forget_racing_posts_of_the_same_conversation_never_lets_the_tex
     assert forgot.result()[0] == 200
     assert set(statuses) <= {202, 410}
 
-    assert not source(server, user, "secret").exists()
+    assert not is_stored(server, user, "secret")
     server.wait_indexed(user)
     assert SECRET not in await recall(server, user, SECRET)
     assert SECRET.encode() not in index_bytes(server, user)
@@ -457,6 +521,14 @@ async def test_erase_leaves_only_the_erasure_tombstone_and_answers_a_receipt(
 
     assert status == 200 and receipt["operation"] == "erase"
     assert receipt["removed"]["conversations"] == 2 and receipt["removed"]["turns"] == 4
+    if server.store == "postgres":  # every row of theirs gone but the tombstones, the receipt
+        kept = ("tombstones", "receipts")
+        gone = tuple(t for t in USER_TABLES if t not in (*kept, "users"))
+        assert rows_of(server, user, gone) == repr([[] for _ in gone])
+        digests = rows_of(server, user, ("tombstones",))
+        assert digests.count("'secret'") == 2 and digests.count("'kept'") == 2
+        assert await recall(server, user, SECRET) == NO_MEMORY
+        return
     home = server.home(user)
     assert sorted(p.name for p in home.iterdir()) == ["tombstones.json"]
     tombstones = json.loads((home / "tombstones.json").read_text())
@@ -492,14 +564,15 @@ def test_receipts_list_every_forget_and_erase_without_text(server: Server, user:
     listed = receipts(server, user)
 
     assert [r["receipt"] for r in listed] == [forgot["receipt"], erased["receipt"]]
-    assert all(r["user"] == server.home(user).name for r in listed)
+    assert all(r["user"] == user_dir_name(user) for r in listed)
     assert SECRET not in json.dumps(listed) and KEPT not in json.dumps(listed)
     assert user not in json.dumps(listed)  # the hash, never the id
-    assert (server.data_dir / "_receipts" / f"{server.home(user).name}.jsonl").exists()
+    if server.store == "files":
+        assert (server.data_dir / "_receipts" / f"{server.home(user).name}.jsonl").exists()
 
 
 def test_a_torn_last_receipt_line_is_skipped_and_never_appended_onto(
-    server: Server, user: str
+    server: Server, user: str, files_layout: None
 ) -> None:
     # Given a receipt, then a line cut short by a crash in the middle of an append
     seed(server, user)
@@ -525,13 +598,16 @@ def test_a_torn_last_receipt_line_is_skipped_and_never_appended_onto(
 # --- retention --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("store", STORES)
 async def test_retention_forgets_conversations_whose_last_turn_is_older(
-    tmp_path: Path, engine: str
+    tmp_path: Path, store: str, request: pytest.FixtureRequest
 ) -> None:
-    settings = {"ENGINE": engine, "RETENTION_DAYS": "30", "RETENTION_SWEEP_SECONDS": "0.3"}
-    if engine == "funes":
+    settings = {"ENGINE": store, "RETENTION_DAYS": "30", "RETENTION_SWEEP_SECONDS": "0.3"}
+    if store == "funes":
         settings["FUNES_BIN"] = str(install_fake_funes(tmp_path / "funes-bin").path)
+    if store == "postgres":
+        database = request.getfixturevalue("pg_database")
+        settings.update(ENGINE="embedded", STORE="postgres", DATABASE_URL=database.app_url)
     with make_server(tmp_path, **settings).start() as server:
         old = conversation("alice", "old", f"Long ago {SECRET}.", "Ok.")
         recent = {
@@ -542,11 +618,11 @@ async def test_retention_forgets_conversations_whose_last_turn_is_older(
         for body in (old, recent):
             assert server.post(body)[0] == 202
 
-        wait_for(lambda: not source(server, "alice", "old").exists(), timeout=60)
+        wait_for(lambda: not is_stored(server, "alice", "old"), timeout=60)
         server.wait_indexed("alice")
         wait_for(lambda: server.health()["indexing"] == 0, timeout=60)
 
-        assert source(server, "alice", "recent").exists()
+        assert is_stored(server, "alice", "recent")
         listed = receipts(server, "alice")
         assert [(r["conversation_id"], r["reason"]) for r in listed] == [("old", "retention")]
         assert SECRET not in await server.recall("alice", SECRET)

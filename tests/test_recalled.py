@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeFunes, Server, make_server, tree, turn
+from conftest import Backing, FakeFunes, Server, make_server, tree, turn
 from fake_funes import validate_file
 
 WRONG = "MT-4471 is owned by Zoltan from finance, since the K-2 audit."
@@ -44,8 +44,9 @@ def assert_wrong_answer_is_no_passage(found: str, neighbour_mark: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = make_server(tmp_path_factory.mktemp("recalled"), ENGINE="embedded").start()
+def embedded(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("recalled")
+    server = make_server(workdir, ENGINE="embedded", **module_backing.settings).start()
     yield server
     server.stop()
 

@@ -4,20 +4,29 @@ answer exactly once."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
-from conftest import FakeFunes, Server, conversation, wait_for
+import pytest
+from conftest import Backing, Server, conversation, make_server
 from fastmcp import Client
 
 
+@pytest.fixture
+def server(tmp_path: Path, backing: Backing) -> Iterator[Server]:
+    with make_server(tmp_path, ENGINE="embedded", **backing.settings).start() as server:
+        yield server
+
+
 async def test_the_answer_reaches_the_client_once_as_text_with_no_structured_copy(
-    funes_server: Server, fake_funes: FakeFunes
+    server: Server,
 ) -> None:
     # given alice's memory holding one conversation
     body = conversation("alice", "c1", "ticket MT-4471 is open on the K-2 compressor", "Noted.")
-    assert funes_server.post(body)[0] == 202
-    wait_for(lambda: (funes_server.home("alice") / "memory").exists())
+    assert server.post(body)[0] == 202
+    server.wait_indexed("alice")
     # when her agent calls the tool
-    async with Client(f"{funes_server.url}/mcp", auth=funes_server.tokens["alice"]) as client:
+    async with Client(f"{server.url}/mcp", auth=server.tokens["alice"]) as client:
         result = await client.call_tool_mcp("recall_my_conversations", {"query": "MT-4471"})
     # then the result is one text block and no structuredContent, so the passage is sent once
     wire = json.dumps(result.model_dump(by_alias=True, exclude_none=True))
@@ -29,10 +38,10 @@ async def test_the_answer_reaches_the_client_once_as_text_with_no_structured_cop
 
 
 async def test_tools_list_describes_the_query_and_marks_the_tool_read_only_and_closed(
-    funes_server: Server,
+    server: Server,
 ) -> None:
     # when a client lists the tools
-    async with Client(f"{funes_server.url}/mcp", auth=funes_server.tokens["alice"]) as client:
+    async with Client(f"{server.url}/mcp", auth=server.tokens["alice"]) as client:
         listed = await client.list_tools_mcp()
     [tool] = listed.model_dump(by_alias=True, exclude_none=True)["tools"]
     # then the query says what a good one looks like and its limit
