@@ -123,6 +123,14 @@ class Settings(BaseSettings):
     database_pool: int = Field(
         10, ge=1, description="with STORE=postgres: connections each replica keeps at most"
     )
+    # Renewed every third of it while a run goes on: a replica that dies mid-run holds its users
+    # this long at most before another replica finishes their runs.
+    index_lease: float = Field(
+        30.0,
+        gt=0,
+        description="with STORE=postgres: seconds a replica's claim on a user's index run lasts "
+        "unrenewed (a replica that dies mid-run is taken over after it)",
+    )
 
     # Engines.
     engine: Literal["auto", "funes", "embedded"] = Field(

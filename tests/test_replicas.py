@@ -1,0 +1,242 @@
+"""Two replicas on one PostgreSQL, each a real server process on its own port: what one is told,
+the other knows at once; either can die; the database can go away and come back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import Server, conversation, make_server, turn, wait_for
+from pg import PgDatabase, PgServer
+
+from recall.conversations import user_dir_name
+from recall.engines.base import NOTHING_FOUND, UNAVAILABLE
+
+USERS = ("alice", "bob")
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, pg_database: PgDatabase) -> Iterator[tuple[Server, Server]]:
+    first = make_server(
+        tmp_path,
+        users=USERS,
+        ENGINE="embedded",
+        STORE="postgres",
+        DATABASE_URL=pg_database.app_url,
+        INDEX_DEBOUNCE="0.1",
+        INDEX_LEASE="3",  # a killed replica's run is taken over within seconds
+        log_name="replica-1.log",
+    )
+    second = first.replica("replica-2.log")
+    with first.start(), second.start():
+        yield first, second
+
+
+def memory_page_turns(server: Server, user: str, cid: str) -> list[dict[str, Any]] | None:
+    request = urllib.request.Request(
+        f"{server.url}/api/me/conversation",
+        data=f'{{"conversation_id": "{cid}"}}'.encode(),
+        headers={"authorization": f"Bearer {server.tokens[user]}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())["turns"]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def urlopen_body(server: Server, path: str) -> bytes:
+    try:
+        with urllib.request.urlopen(f"{server.url}{path}", timeout=30) as response:
+            return response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.read()
+
+
+async def test_a_post_to_one_replica_is_recalled_from_the_other(
+    replicas: tuple[Server, Server],
+) -> None:
+    first, second = replicas
+    body = conversation("alice", "ticket", "Who owns ticket MT-4471?", "Dana from platform.")
+    assert first.post(body)[0] == 202
+    second.wait_indexed("alice")
+    assert "Dana from platform" in await second.recall("alice", "MT-4471 owner")
+    # and the other user, on either replica, finds none of it
+    assert "Dana" not in await first.recall("bob", "MT-4471 owner")
+
+
+async def test_a_forget_on_one_replica_is_honoured_by_the_other_at_once(
+    replicas: tuple[Server, Server],
+) -> None:
+    first, second = replicas
+    secret = conversation("alice", "vault", "The vault code word is zephyrquartz.", "Noted.")
+    kept = conversation("alice", "garden", "The garden plan is marigoldvector.", "Ok.", day=9)
+    for body in (secret, kept):
+        assert first.post(body)[0] == 202
+    first.wait_indexed("alice")
+    assert "zephyrquartz" in await second.recall("alice", "vault code word zephyrquartz")
+
+    status, receipt = second.post({"user": "alice", "conversation_id": "vault"}, route="/forget")
+
+    assert status == 200 and receipt["removed"]["conversations"] == 1
+    # the very next recall on the replica that did not forget finds nothing of it
+    assert "zephyrquartz" not in await first.recall("alice", "vault code word zephyrquartz")
+    assert memory_page_turns(first, "alice", "vault") is None
+    assert "marigoldvector" in await first.recall("alice", "garden plan marigoldvector")
+    assert first.post(secret)[0] == 410  # its tombstone holds on both
+
+
+def test_the_same_conversation_posted_to_both_at_once_ends_whole(
+    replicas: tuple[Server, Server],
+) -> None:
+    first, second = replicas
+    # Two different versions of one conversation, each posted many times to each replica at once
+    versions = [
+        conversation("alice", "race", *[f"{tag} turn {n} quillfern" for n in range(length)])
+        for tag, length in (("short", 3), ("long", 9))
+    ]
+    statuses: list[int] = []
+
+    def post_many(server: Server, body: dict[str, Any]) -> None:
+        for _ in range(15):
+            statuses.append(server.post(body)[0])
+
+    threads = [
+        threading.Thread(target=post_many, args=(server, body))
+        for server in (first, second)
+        for body in versions
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert set(statuses) == {202}
+    stored = memory_page_turns(second, "alice", "race")
+    texts = [t["text"] for t in stored or []]
+    # one whole version, never a mix (they differ in every turn: whichever came last is stored)
+    assert texts in [[t["text"] for t in version["turns"]] for version in versions]
+
+
+async def test_a_replica_killed_during_an_index_run_leaves_the_work_to_the_other(
+    replicas: tuple[Server, Server], pg_database: PgDatabase
+) -> None:
+    first, second = replicas
+    # Given many conversations acknowledged by the first replica, whose index run is under way
+    words = ["quillfern", "pelicanbrioche", "marigoldvector", "zebracrossing", "kiwiharbour"]
+    bodies = [
+        {
+            "user": "alice",
+            "conversation_id": f"c{n}",
+            "turns": [
+                turn("user", f"Note {n}: the {words[n % 5]} batch {n} " + "filler " * 150),
+                turn("assistant", f"Logged batch {n}."),
+            ],
+        }
+        for n in range(120)
+    ]
+    for body in bodies:
+        assert first.post(body)[0] == 202
+    hash_ = user_dir_name("alice")
+
+    def leased() -> bool:
+        with psycopg.connect(pg_database.superuser_url) as conn:
+            row = conn.execute(
+                "SELECT lease_owner FROM users WHERE user_hash = %s", (hash_,)
+            ).fetchone()
+            return bool(row and row[0])
+
+    wait_for(leased, timeout=60)
+    # When the replica running it is killed outright
+    assert first.process is not None
+    os.kill(first.process.pid, signal.SIGKILL)
+    first.process.wait()
+
+    # Then the other one takes the run over once the lease runs out, and finds every one
+    wait_for(lambda: second.health()["indexing"] == 0, timeout=180)
+    for n in random.Random(4).sample(range(120), 10):
+        found = await second.recall("alice", f"the {words[n % 5]} batch {n}")
+        assert f"Note {n}:" in found, n
+
+
+async def test_the_database_restarted_under_load_fails_soft_and_loses_nothing_acknowledged(
+    replicas: tuple[Server, Server], pg_server: PgServer
+) -> None:
+    first, second = replicas
+    acknowledged: list[str] = []
+    refused: list[tuple[int, str | None]] = []
+    answers: list[str] = []
+    stop = threading.Event()
+
+    def post_forever(server: Server, prefix: str) -> None:
+        n = 0
+        while not stop.is_set():
+            cid = f"{prefix}{n}"
+            body = conversation("alice", cid, f"Load note {cid}: pelicanbrioche {cid}.", "Ok.")
+            request = urllib.request.Request(
+                f"{server.url}/turns",
+                data=json.dumps(body).encode(),
+                headers={"x-ingest-key": server.ingest_key, "content-type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    assert response.status == 202
+                    acknowledged.append(cid)
+            except urllib.error.HTTPError as exc:
+                refused.append((exc.code, exc.headers.get("Retry-After")))
+            n += 1
+            time.sleep(0.02)
+
+    async def recall_forever(server: Server) -> None:
+        while not stop.is_set():
+            answers.append(await server.recall("alice", "pelicanbrioche load note"))
+            await asyncio.sleep(0.05)
+
+    posters = [
+        threading.Thread(target=post_forever, args=(server, prefix))
+        for server, prefix in ((first, "a"), (second, "b"))
+    ]
+    for poster in posters:
+        poster.start()
+    recallers = [asyncio.create_task(recall_forever(s)) for s in (first, second)]
+    try:
+        await asyncio.sleep(1.5)
+        # When the database goes away for a few seconds, then comes back
+        pg_server.stop()
+        await asyncio.sleep(3)
+        down = [json.loads(urlopen_body(s, "/readyz")) for s in (first, second)]
+        pg_server.start()
+        await asyncio.sleep(3)
+    finally:
+        stop.set()
+        for poster in posters:
+            poster.join()
+        await asyncio.gather(*recallers)
+
+    # Then the tool never failed (passages, nothing found, or the fail-soft answer), the write
+    # route refused with 503 and Retry-After while the database was away, and every post it
+    # acknowledged is stored and found
+    assert answers and all(isinstance(a, str) and a for a in answers)
+    assert UNAVAILABLE in answers  # some calls came while it was away
+    assert any(a not in (UNAVAILABLE, NOTHING_FOUND) for a in answers[-4:])  # and it recovered
+    assert down == [{"status": "not ready", "failed": "database"}] * 2
+    assert refused and all(code == 503 and retry for code, retry in refused)
+    second.wait_indexed("alice")
+    assert acknowledged
+    for cid in random.Random(7).sample(acknowledged, min(12, len(acknowledged))):
+        assert memory_page_turns(second, "alice", cid) is not None, cid
+        assert f"Load note {cid}:" in await second.recall("alice", f"load note {cid}"), cid
