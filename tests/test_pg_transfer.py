@@ -222,3 +222,27 @@ def test_import_into_a_database_without_the_schema_says_run_migrate(
         )
     finally:
         pg_server.drop_database(database.name)
+
+
+def test_import_refuses_a_user_whose_tombstones_are_unreadable(
+    files_store: Path, pg_database: PgDatabase, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(files_store, data)
+    (data / ALICE_HASH / "tombstones.json").write_text('{"turns": ')
+    done = run("import", pg_database.owner_url, str(data))
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"recall-server import: user {ALICE_HASH}: tombstones.json unreadable (JSONDecodeError): "
+        "restore it from the backup of DATA_DIR first"
+    )
+    assert rows(pg_database.owner_url)["conversations"] == []
+
+
+def test_export_into_a_file_says_so_in_one_line(pg_database: PgDatabase, tmp_path: Path) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    done = run("export", pg_database.app_url, "--user", "alice", "--out", str(taken))
+    assert done.returncode == 2
+    assert done.stderr.startswith("recall-server export: [Errno 17] File exists: ")
+    assert len(done.stderr.strip().splitlines()) == 1

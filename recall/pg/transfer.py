@@ -95,6 +95,10 @@ class Imported:
         return f"{self.written} conversations" + (f" ({', '.join(extra)})" if extra else "")
 
 
+class ImportRefused(Exception):
+    """The files store cannot be imported as it is; the message says why (no user data)."""
+
+
 def _moment(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
@@ -114,12 +118,19 @@ def read_conversation(path: Path) -> Stored | None:
 
 def read_user(data_dir: Path, user_hash: str) -> FilesUser:
     home = data_dir / user_hash
+    try:
+        tombstones = read_tombstones(home)
+    except (OSError, ValueError) as exc:  # never import a user without what they forgot
+        raise ImportRefused(
+            f"user {user_hash}: tombstones.json unreadable ({type(exc).__name__}): restore it "
+            "from the backup of DATA_DIR first"
+        ) from exc
     stored = [read_conversation(path) for path in sorted((home / "src").glob(f"*{SOURCE_SUFFIX}"))]
     return FilesUser(
         user_hash=user_hash,
         conversations=[c for c in stored if c is not None],
         unreadable=sum(c is None for c in stored),
-        tombstones=read_tombstones(home),
+        tombstones=tombstones,
         receipts=list_receipts(data_dir, user_hash),
         audit=audit.read(home),
     )
@@ -229,10 +240,6 @@ async def _import_lines(conn: Connection, user: FilesUser) -> tuple[int, int]:
     return len(receipts), len(lines)
 
 
-class ImportRefused(Exception):
-    """The files store cannot be imported as it is; the message says why (no user data)."""
-
-
 def files_key(data_dir: Path) -> tuple[str, bytes] | None:
     """The files store's tombstone key, named as server_keys names it; None when it never made
     one, and then no tombstone may hold digests (they would match nothing)."""
@@ -322,7 +329,9 @@ def main(argv: list[str]) -> int:
             "or the database went away (re-run to resume); 2 unusable DATA_DIR, DATABASE_URL "
             "or schema."
         )
-        parser.add_argument("data_dir", type=Path, metavar="DATA_DIR")
+        parser.add_argument(
+            "data_dir", type=Path, metavar="DATA_DIR", help="the files store (its DATA_DIR)"
+        )
     else:
         parser.description = (
             "Write one user's conversations from PostgreSQL (DATABASE_URL) as "
@@ -330,7 +339,9 @@ def main(argv: list[str]) -> int:
         )
         parser.epilog = "Exit status: 0 written; 1 the database went away; 2 unusable settings."
         parser.add_argument("--user", required=True, help="the user id (as the gateway sends it)")
-        parser.add_argument("--out", required=True, type=Path, metavar="DIR")
+        parser.add_argument(
+            "--out", required=True, type=Path, metavar="DIR", help="where the files go"
+        )
     args = parser.parse_args(rest)
     if not (url := os.environ.get("DATABASE_URL")):
         print(f"{prog}: set DATABASE_URL", file=sys.stderr)
@@ -342,7 +353,7 @@ def main(argv: list[str]) -> int:
                 return 2
             return asyncio.run(import_store(url, args.data_dir.resolve()))
         count = asyncio.run(export_user(url, args.user, args.out))
-    except (MigrationError, ConfigError, ImportRefused) as exc:
+    except (MigrationError, ConfigError, ImportRefused, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     except StoreUnavailable as exc:
