@@ -27,10 +27,10 @@ UNREACHABLE = "database unreachable"
 WAIT_SECONDS = 5.0  # a request waits this long for a connection, then 503
 CHECK_SECONDS = 2.0  # /readyz answers sooner than a request gives up
 CONNECT_SECONDS = 5  # one connection attempt (a host that drops packets never refuses)
-# A lost connection is retried with backoff (1 s, 2 s, 4 s ...) for this long; past it the
-# pool stops retrying on its own and the next request starts a fresh attempt at once, so a
-# long outage is not followed by a long backoff.
-RECONNECT_SECONDS = 10.0
+# A lost connection is retried with backoff (1 s, then 2 s ...) for this long; past it the pool
+# stops retrying on its own and each request starts a fresh attempt at once, so the first
+# request after an outage of any length finds the database (no backoff grown meanwhile).
+RECONNECT_SECONDS = 4.0
 
 Connection = psycopg.AsyncConnection[Any]
 
