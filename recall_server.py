@@ -111,6 +111,8 @@ usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, G
                                      (recall-server backfill --help)
        recall-server migrate         STORE=postgres: create or upgrade the schema, as the
                                      tables' owner (recall-server migrate --help)
+       recall-server import DATA_DIR load a files store into PostgreSQL; export --user USER
+                                     --out DIR writes one user's conversations back as files
        recall-server --help          this text
 
 Settings are environment variables (default after =):
@@ -455,6 +457,10 @@ def main() -> None:
         from recall.pg.schema import main as migrate
 
         sys.exit(migrate(arguments[1:]))
+    if arguments[:1] in (["import"], ["export"]):  # STORE=postgres: a files store in, a user out
+        from recall.pg.transfer import main as transfer
+
+        sys.exit(transfer(arguments))
     if arguments[:1] in (["--help"], ["-h"]):  # before the settings: help needs none of them
         print(USAGE + settings_help())
         return

@@ -127,8 +127,10 @@ def pg_server() -> Iterator[PgServer]:
     except NoPostgres as exc:
         server.cleanup()
         pytest.skip(f"no PostgreSQL for these tests: {exc}")
-    yield server
-    server.cleanup()
+    try:
+        yield server
+    finally:
+        server.cleanup()
 
 
 # --- the behaviour suite: each test that takes `backing` (or `module_backing`) runs on both -----

@@ -16,6 +16,7 @@ so each test gets a fresh, migrated database in a few tens of milliseconds. `sto
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib.util
 import itertools
 import os
@@ -92,6 +93,7 @@ class PgServer:
         self.system_user = SYSTEM_USER if os.geteuid() == 0 else None
         self._names = itertools.count(1)
         self._running = False
+        atexit.register(self.cleanup)  # a script that forgets, or fails, leaves no server behind
 
     # --- URLs ------------------------------------------------------------------------------
 
@@ -136,7 +138,11 @@ class PgServer:
         self._pg_ctl("-w", "-t", "30", "-l", str(self.log_path), "-o", options, "start")
         self._running = True
         if fresh:
-            self._prepare()
+            try:
+                self._prepare()
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def stop(self) -> None:
@@ -146,6 +152,8 @@ class PgServer:
             self._running = False
 
     def cleanup(self) -> None:
+        """Stop it and delete its directory (idempotent)."""
+        atexit.unregister(self.cleanup)
         try:
             self.stop()
         finally:

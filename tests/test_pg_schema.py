@@ -398,6 +398,27 @@ def test_the_cross_user_functions_return_only_hashes_and_counts(
         assert (public, app) == (False, True), name
 
 
+def test_two_replicas_claiming_at_once_never_get_the_same_user(pg_database: PgDatabase) -> None:
+    # given 20 due users
+    users = [f"{n:024x}" for n in range(20)]
+    seed(pg_database.owner_url, *users)
+    with connect(pg_database.owner_url) as owner:
+        owner.execute("UPDATE users SET due_at = now() - interval '1 second'")
+    # when one replica's claim is still in its transaction while another claims
+    with connect(pg_database.app_url) as one, connect(pg_database.app_url) as two:
+        two.execute("SET lock_timeout = '2s'")  # a claim that waited would fail, not hang
+        with one.transaction():
+            first = one.execute("SELECT * FROM recall_claim('one', 30, 1, 15)").fetchall()
+            second = two.execute("SELECT * FROM recall_claim('two', 30, 1, 15)").fetchall()
+        # then they split the users, none twice; and the leases keep a third claim away
+        assert len(first) == 15 and len(second) == 5
+        assert sorted(first + second) == [(u,) for u in users]
+        assert two.execute("SELECT * FROM recall_claim('three', 30, 1, 15)").fetchall() == []
+    with connect(pg_database.owner_url) as owner:
+        owners = owner.execute("SELECT lease_owner, count(*) FROM users GROUP BY 1 ORDER BY 1")
+        assert owners.fetchall() == [("one", 15), ("two", 5)]
+
+
 def test_the_app_role_cannot_lift_row_level_security(pg_database: PgDatabase) -> None:
     seed(pg_database.owner_url, ALICE, BOB)
     attempts = [

@@ -95,14 +95,16 @@ _FUNCTIONS_V1 = f"""
 CREATE FUNCTION recall_claim(owner text, lease_seconds double precision,
                              debounce_seconds double precision, n integer)
 RETURNS SETOF text {_DEFINER} AS $$
-    UPDATE users SET lease_owner = owner, lease_until = now() + make_interval(secs => lease_seconds)
-    WHERE user_hash IN (
+    WITH due AS (
         SELECT user_hash FROM users
         WHERE due_at <= now() AND (lease_until IS NULL OR lease_until < now())
         ORDER BY due_at, user_hash
         LIMIT n
         FOR NO KEY UPDATE SKIP LOCKED)
-    RETURNING user_hash;
+    UPDATE users u SET lease_owner = owner,
+                       lease_until = now() + make_interval(secs => lease_seconds)
+    FROM due WHERE u.user_hash = due.user_hash
+    RETURNING u.user_hash;
 $$;
 -- /metrics: users queued that no run holds, and how long the oldest has waited since its first
 -- unindexed write (due_at is that write + the debounce; pass the debounce to count from it).
