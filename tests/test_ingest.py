@@ -9,6 +9,7 @@ import random
 import secrets
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -16,7 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeFunes, Server, conversation, install_fake_funes, make_server, tree, turn
+from conftest import (
+    Backing,
+    FakeFunes,
+    Server,
+    conversation,
+    install_fake_funes,
+    make_server,
+    tree,
+    turn,
+)
 from fake_funes import validate_file
 from starlette.testclient import TestClient
 
@@ -46,6 +56,40 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     ).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def stored_by(
+    tmp_path_factory: pytest.TempPathFactory, module_backing: Backing
+) -> Iterator[Server]:
+    """A server on each store (the behaviour suite), for the rules both stores keep."""
+    tmp = tmp_path_factory.mktemp("ingest-stores")
+    settings = {"MAX_TURNS": "50", "MAX_TEXT_CHARS": "5000", "MAX_BODY_BYTES": "65536"}
+    # No index run: a "nothing written" check compares all the store holds, before and after.
+    server = make_server(tmp, ENGINE="embedded", INDEX_DEBOUNCE="3600", **settings)
+    server.env.update(module_backing.settings)
+    server.backing = module_backing  # type: ignore[attr-defined]
+    yield server.start()
+    server.stop()
+
+
+def snapshot(server: Server) -> Any:
+    return server.backing.snapshot(server)  # type: ignore[attr-defined]
+
+
+def texts_stored(server: Server, cid: str, user: str = "alice") -> list[str]:
+    """The stored turns' texts of a conversation, as the user's memory page reads them."""
+    request = urllib.request.Request(
+        f"{server.url}/api/me/conversation",
+        data=json.dumps({"conversation_id": cid}).encode(),
+        headers={"authorization": f"Bearer {server.tokens[user]}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return [t["text"] for t in json.loads(response.read())["turns"]]
+
+
+def on_files(server: Server) -> bool:
+    return server.store == "files"
 
 
 def good(cid: str = "conv-1", user: str = "alice") -> dict[str, Any]:
@@ -198,28 +242,28 @@ HOSTILE: list[tuple[str, Any, str]] = [
 
 @pytest.mark.parametrize(("name", "body", "field"), HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_malformed_body_is_refused_naming_the_field_and_writes_nothing(
-    server: Server, name: str, body: Any, field: str
+    stored_by: Server, name: str, body: Any, field: str
 ) -> None:
-    before = tree(server.data_dir)
-    status, answer = server.post(body)
+    before = snapshot(stored_by)
+    status, answer = stored_by.post(body)
     assert status == 400, answer
     assert answer["error"].startswith(field), answer
-    assert tree(server.data_dir) == before
+    assert snapshot(stored_by) == before
 
 
-def test_body_that_is_not_json_is_refused(server: Server) -> None:
-    before = tree(server.data_dir)
-    status, answer = server.post(None, raw=b'{"user": "alice", "turns": [')
+def test_body_that_is_not_json_is_refused(stored_by: Server) -> None:
+    before = snapshot(stored_by)
+    status, answer = stored_by.post(None, raw=b'{"user": "alice", "turns": [')
     assert status == 400 and answer["error"].startswith("body")
-    assert tree(server.data_dir) == before
+    assert snapshot(stored_by) == before
 
 
-def test_body_over_the_limit_is_refused_with_413_and_writes_nothing(server: Server) -> None:
-    before = tree(server.data_dir)
+def test_body_over_the_limit_is_refused_with_413_and_writes_nothing(stored_by: Server) -> None:
+    before = snapshot(stored_by)
     turns = [turn("user", "y" * 4000) for _ in range(20)]  # ~80 KB, over the 64 KiB limit
-    status, answer = server.post({**good("big"), "turns": turns})
+    status, answer = stored_by.post({**good("big"), "turns": turns})
     assert status == 413 and answer["error"].startswith("body")
-    assert tree(server.data_dir) == before
+    assert snapshot(stored_by) == before
 
 
 def test_body_over_the_limit_without_content_length_is_refused_while_streaming(
@@ -420,25 +464,26 @@ def test_user_directory_is_a_hash_and_no_user_id_appears_on_disk(server: Server)
     assert "carol" not in server.log()
 
 
-def test_reposting_the_same_conversation_is_idempotent(server: Server) -> None:
+def test_reposting_the_same_conversation_is_idempotent(stored_by: Server) -> None:
     body = good("idem")
-    assert server.post(body)[0] == 202
-    first = source(server, "alice", "idem").read_bytes()
-    assert server.post(body)[0] == 202
-    assert source(server, "alice", "idem").read_bytes() == first
+    assert stored_by.post(body)[0] == 202
+    first = snapshot(stored_by)
+    assert stored_by.post(body)[0] == 202
+    assert snapshot(stored_by) == first
 
 
-def test_posting_a_longer_version_extends_the_conversation(server: Server) -> None:
+def test_posting_a_longer_version_extends_the_conversation(stored_by: Server) -> None:
     body = good("grows")
-    assert server.post(body)[0] == 202
+    assert stored_by.post(body)[0] == 202
     longer = {**body, "turns": [*body["turns"], turn("user", "And who owns the fix?")]}
-    assert server.post(longer)[0] == 202
-    lines = source(server, "alice", "grows").read_text().splitlines()
-    assert len(lines) == 3 and json.loads(lines[2])["blocks"][0]["text"] == "And who owns the fix?"
-    assert validate_file(source(server, "alice", "grows")) is None
+    assert stored_by.post(longer)[0] == 202
+    texts = texts_stored(stored_by, "grows")
+    assert len(texts) == 3 and texts[2] == "And who owns the fix?"
+    if on_files(stored_by):
+        assert validate_file(source(stored_by, "alice", "grows")) is None
 
 
-def test_concurrent_posts_of_one_conversation_end_in_one_complete_file(server: Server) -> None:
+def test_concurrent_posts_of_one_conversation_end_in_one_complete_file(stored_by: Server) -> None:
     versions = [
         {
             **good("racy"),
@@ -447,15 +492,16 @@ def test_concurrent_posts_of_one_conversation_end_in_one_complete_file(server: S
         for v in range(12)
     ]
     with ThreadPoolExecutor(max_workers=12) as pool:
-        statuses = list(pool.map(lambda body: server.post(body)[0], versions * 2))
+        statuses = list(pool.map(lambda body: stored_by.post(body)[0], versions * 2))
     assert statuses == [202] * 24
-    path = source(server, "alice", "racy")
-    assert validate_file(path) is None
-    texts = [json.loads(line)["blocks"][0]["text"] for line in path.read_text().splitlines()]
+    texts = texts_stored(stored_by, "racy")
     version = texts[0].split()[1]
     assert all(text.startswith(f"version {version} ") for text in texts)  # one version, no mix
     assert len(texts) == int(version) + 1
-    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    if on_files(stored_by):
+        path = source(stored_by, "alice", "racy")
+        assert validate_file(path) is None
+        assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
 
 
 # --- stale re-posts: a delayed retry of an older snapshot never shortens a conversation ------
@@ -475,39 +521,43 @@ def texts_of(path: Path) -> list[str]:
     return [json.loads(line)["blocks"][0]["text"] for line in path.read_text().splitlines()]
 
 
-def test_a_stale_shorter_repost_keeps_the_longer_stored_version(server: Server) -> None:
+def test_a_stale_shorter_repost_keeps_the_longer_stored_version(stored_by: Server) -> None:
     # Given a conversation stored with four turns
-    assert server.post(chat("stale", 4))[0] == 202
-    path = source(server, "alice", "stale")
-    before, inode = path.read_bytes(), path.stat().st_ino
+    assert stored_by.post(chat("stale", 4))[0] == 202
+    before = snapshot(stored_by)
     # When a delayed retry of its two-turn snapshot arrives
-    status, answer = server.post(chat("stale", 2))
-    # Then it is acknowledged, and the stored file is untouched
+    status, answer = stored_by.post(chat("stale", 2))
+    # Then it is acknowledged, and what is stored is untouched (a file: not even replaced)
     assert (status, answer) == (202, {"stored": "stale"})
-    assert path.read_bytes() == before and path.stat().st_ino == inode
-    assert len(texts_of(path)) == 4
+    assert snapshot(stored_by) == before
+    assert len(texts_stored(stored_by, "stale")) == 4
 
 
-def test_an_identical_repost_writes_nothing(server: Server) -> None:
-    assert server.post(chat("same", 3))[0] == 202
-    path = source(server, "alice", "same")
-    inode = path.stat().st_ino
-    assert server.post(chat("same", 3)) == (202, {"stored": "same"})
-    assert path.stat().st_ino == inode  # every write installs a new inode
+def test_an_identical_repost_writes_nothing(stored_by: Server) -> None:
+    assert stored_by.post(chat("same", 3))[0] == 202
+    before = snapshot(stored_by)
+    inode = source(stored_by, "alice", "same").stat().st_ino if on_files(stored_by) else None
+    assert stored_by.post(chat("same", 3)) == (202, {"stored": "same"})
+    assert snapshot(stored_by) == before
+    if inode is not None:
+        assert source(stored_by, "alice", "same").stat().st_ino == inode  # a write: new inode
 
 
-def test_a_shorter_repost_with_an_edited_turn_replaces_the_stored_version(server: Server) -> None:
-    assert server.post(chat("edited", 4))[0] == 202
-    assert server.post(chat("edited", 3, t1="edited answer")) == (202, {"stored": "edited"})
-    path = source(server, "alice", "edited")
-    assert texts_of(path) == ["turn 0 of edited", "edited answer", "turn 2 of edited"]
-    assert validate_file(path) is None
+def test_a_shorter_repost_with_an_edited_turn_replaces_the_stored_version(
+    stored_by: Server,
+) -> None:
+    assert stored_by.post(chat("edited", 4))[0] == 202
+    assert stored_by.post(chat("edited", 3, t1="edited answer")) == (202, {"stored": "edited"})
+    texts = texts_stored(stored_by, "edited")
+    assert texts == ["turn 0 of edited", "edited answer", "turn 2 of edited"]
+    if on_files(stored_by):
+        assert validate_file(source(stored_by, "alice", "edited")) is None
 
 
-def test_a_regenerated_last_turn_replaces_the_stored_version(server: Server) -> None:
-    assert server.post(chat("regen", 4))[0] == 202
-    assert server.post(chat("regen", 4, t3="a regenerated answer"))[0] == 202
-    assert texts_of(source(server, "alice", "regen"))[3] == "a regenerated answer"
+def test_a_regenerated_last_turn_replaces_the_stored_version(stored_by: Server) -> None:
+    assert stored_by.post(chat("regen", 4))[0] == 202
+    assert stored_by.post(chat("regen", 4, t3="a regenerated answer"))[0] == 202
+    assert texts_stored(stored_by, "regen")[3] == "a regenerated answer"
 
 
 SHORTER_AND_DIFFERENT: list[tuple[str, dict[str, Any]]] = [
@@ -522,20 +572,22 @@ SHORTER_AND_DIFFERENT: list[tuple[str, dict[str, Any]]] = [
     ("name", "change"), SHORTER_AND_DIFFERENT, ids=[c[0] for c in SHORTER_AND_DIFFERENT]
 )
 def test_a_shorter_post_differing_in_any_turn_field_replaces_the_stored_version(
-    server: Server, name: str, change: dict[str, Any]
+    stored_by: Server, name: str, change: dict[str, Any]
 ) -> None:
     # Given a stored conversation of three turns
     cid = f"differs-{name}"
-    assert server.post(chat(cid, 3))[0] == 202
+    assert stored_by.post(chat(cid, 3))[0] == 202
     # When a two-turn version arrives whose first turn differs in one field
     shorter = chat(cid, 2)
     shorter["turns"][0] = {**shorter["turns"][0], **change}
-    assert server.post(shorter)[0] == 202
+    assert stored_by.post(shorter)[0] == 202
     # Then it is not a prefix of what is stored, and replaces it
-    assert len(texts_of(source(server, "alice", cid))) == 2
+    assert len(texts_stored(stored_by, cid)) == 2
 
 
-def test_concurrent_posts_of_growing_prefixes_end_in_the_longest_version(server: Server) -> None:
+def test_concurrent_posts_of_growing_prefixes_end_in_the_longest_version(
+    stored_by: Server,
+) -> None:
     # Given twelve snapshots of one growing conversation, each posted twice, the longest first
     # and the rest in random order, all at once, as a gateway retrying on timeouts might
     longest = chat("growing", 12)
@@ -545,13 +597,14 @@ def test_concurrent_posts_of_growing_prefixes_end_in_the_longest_version(server:
     rest = versions[:-1] * 2 + [versions[-1]]
     random.Random(8).shuffle(rest)
     with ThreadPoolExecutor(max_workers=12) as pool:
-        statuses = list(pool.map(lambda body: server.post(body)[0], [versions[-1], *rest]))
-    # Then every post is acknowledged and the file is whole: the longest version
+        statuses = list(pool.map(lambda body: stored_by.post(body)[0], [versions[-1], *rest]))
+    # Then every post is acknowledged and the conversation is whole: the longest version
     assert statuses == [202] * 24
-    path = source(server, "alice", "growing")
-    assert validate_file(path) is None
-    assert texts_of(path) == [t["text"] for t in longest["turns"]]
-    assert not [p for p in path.parent.iterdir() if not p.name.endswith(".funes.jsonl")]
+    assert texts_stored(stored_by, "growing") == [t["text"] for t in longest["turns"]]
+    if on_files(stored_by):
+        path = source(stored_by, "alice", "growing")
+        assert validate_file(path) is None
+        assert not [p for p in path.parent.iterdir() if not p.name.endswith(".funes.jsonl")]
 
 
 def test_a_post_waits_for_the_conversation_lock_another_process_holds(server: Server) -> None:
