@@ -1,4 +1,5 @@
-"""Static checks of the container and demo files (no Docker engine is needed to run them)."""
+"""Static checks of the container, compose, deploy and demo files (no Docker engine is needed to
+run them), and deploy/nginx.conf run by a real nginx where one is installed."""
 
 from __future__ import annotations
 
