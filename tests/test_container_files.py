@@ -1,23 +1,36 @@
-"""Static checks of the container and demo files (no Docker engine is needed to run them)."""
+"""Static checks of the container, compose, deploy and demo files (no Docker engine is needed to
+run them), and deploy/nginx.conf run by a real nginx where one is installed."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import http.server
 import json
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
+import threading
 import tomllib
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
-from conftest import make_server
+from conftest import conversation, make_server, wait_for
 
+from recall.pg.schema import APP_ROLE
 from recall.settings import Settings
+from recall.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -280,13 +293,13 @@ def test_help_lists_exactly_the_settings_the_server_reads() -> None:
 # --- compose.yaml --------------------------------------------------------------------------------
 
 
-def compose_service() -> dict[str, Any]:
-    document = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
-    return document["services"]["recall-mcp"]
+def compose_service(name: str = "recall-mcp", path: Path = COMPOSE) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return document["services"][name]
 
 
-def compose_env() -> dict[str, str]:
-    env = compose_service()["environment"]
+def compose_env(name: str = "recall-mcp", path: Path = COMPOSE) -> dict[str, str]:
+    env = compose_service(name, path).get("environment", {})
     if isinstance(env, list):  # the "NAME=value" list form
         env = dict(item.partition("=")[::2] for item in env)
     return {str(k): str(v) for k, v in env.items()}
@@ -361,6 +374,446 @@ def test_compose_builds_this_directory_serves_8000_and_checks_health() -> None:
     assert context == "."
     assert any(str(p).endswith("8000:8000") for p in service["ports"])
     assert "/healthz" in " ".join(service["healthcheck"]["test"])
+
+
+def test_the_demo_compose_file_requires_nothing_but_the_ingest_key() -> None:
+    # compose checks every ${NAME:?...} of a file before it applies profiles: a variable required
+    # by any other service in compose.yaml would stop the one-container demo too
+    required = set(re.findall(r"\$\{(\w+):?\?", COMPOSE.read_text(encoding="utf-8")))
+    assert required == {"INGEST_KEY"}
+
+
+# --- compose.replicas.yaml and deploy/ -----------------------------------------------------------
+
+REPLICAS = ROOT / "compose.replicas.yaml"
+NGINX_CONF = ROOT / "deploy" / "nginx.conf"
+REPLICA_NAMES = ("replica-1", "replica-2")
+# A password or key in a compose file: from the environment, required, never a default.
+SECRET_NAME = re.compile(r"PASSWORD|KEY|SECRET|TOKEN")
+REQUIRED_FROM_ENV = re.compile(r"\$\{(\w+):\?[^}]+\}")
+DATABASE_URL = re.compile(r"postgresql://(\w+):(\$\{[^}]+\})@([\w.-]+):(\d+)/(\w+)")
+
+
+def replicas_service(name: str) -> dict[str, Any]:
+    return compose_service(name, REPLICAS)
+
+
+def database_url(service: str) -> tuple[str, str, str]:
+    """(role, host, database) of a service's DATABASE_URL, whose password must come from the
+    environment."""
+    match = DATABASE_URL.fullmatch(compose_env(service, REPLICAS)["DATABASE_URL"])
+    assert match, f"{service}: DATABASE_URL is not postgresql://ROLE:${{PASSWORD:?}}@HOST:PORT/DB"
+    assert REQUIRED_FROM_ENV.fullmatch(match.group(2)), f"{service}: the password has a default"
+    return match.group(1), match.group(3), match.group(5)
+
+
+def test_the_replicas_run_on_postgres_with_pgvector_set_up_by_its_init_script() -> None:
+    postgres = replicas_service("postgres")
+    assert postgres["image"] == "docker.io/pgvector/pgvector:pg18"
+    assert "pgdata:/var/lib/postgresql" in postgres["volumes"]  # 18+ keeps PGDATA below it
+    mounts = [v.split(":") for v in postgres["volumes"]]
+    (init,) = [m for m in mounts if m[1].startswith("/docker-entrypoint-initdb.d/")]
+    assert init[2:] == ["ro"] and (ROOT / init[0]).is_file()
+    script = (ROOT / init[0]).read_text(encoding="utf-8")
+    assert (
+        "CREATE EXTENSION vector" in script
+        and "CREATE DATABASE recall OWNER recall_owner" in script
+    )
+    for role in ("recall_owner", APP_ROLE):  # each with a password from the environment
+        password = re.search(rf"CREATE ROLE {role} LOGIN PASSWORD :'(\w+)'", script)
+        assert password, role
+        (variable,) = re.findall(rf"\\getenv {password.group(1)} (\w+)", script)
+        assert REQUIRED_FROM_ENV.fullmatch(compose_env("postgres", REPLICAS)[variable])
+    subprocess.run(["sh", "-n", str(ROOT / init[0])], check=True)
+    assert "pg_isready" in postgres["healthcheck"]["test"]
+
+
+def test_migrate_runs_as_the_owner_once_postgres_is_healthy_and_the_replicas_wait_for_it() -> None:
+    migrate = replicas_service("migrate")
+    assert migrate["command"] == ["recall-server", "migrate"] and migrate["restart"] == "no"
+    assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert database_url("migrate") == ("recall_owner", "postgres", "recall")
+    for name in REPLICA_NAMES:
+        waits = replicas_service(name)["depends_on"]
+        assert waits["migrate"] == {"condition": "service_completed_successfully"}
+
+
+@pytest.mark.parametrize("name", REPLICA_NAMES)
+def test_each_replica_is_the_embedded_image_on_postgres_as_the_app_role(name: str) -> None:
+    replica, env = replicas_service(name), compose_env(name, REPLICAS)
+    assert replica["build"] == {"context": ".", "target": "embedded"}  # funes reads files
+    assert replica["image"] == replicas_service("migrate")["image"]
+    assert env["STORE"] == "postgres" and database_url(name) == (APP_ROLE, "postgres", "recall")
+    assert "/readyz" in " ".join(replica["healthcheck"]["test"])
+    # the settings as written (compose's ${...} left in place) are ones a server starts with
+    settings = Settings(**{key.lower(): value for key, value in env.items()})
+    assert settings.host == "0.0.0.0" and settings.host_allowlist()
+    assert not settings.problems(), settings.problems()
+
+
+@pytest.mark.parametrize("name", ["migrate", *REPLICA_NAMES])
+def test_the_replicas_stack_sets_only_environment_variables_the_server_reads(name: str) -> None:
+    env = compose_env(name, REPLICAS)
+    assert set(env) <= SERVER_SETTINGS, sorted(set(env) - SERVER_SETTINGS)
+
+
+@pytest.mark.parametrize("path", [COMPOSE, REPLICAS], ids=lambda p: p.name)
+def test_no_password_or_key_in_a_compose_file_has_a_default(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    references = re.findall(r"\$\{(\w+)([^}]*)\}", text)
+    secrets = [(name, rest) for name, rest in references if SECRET_NAME.search(name)]
+    assert secrets
+    for name, rest in secrets:  # ${NAME:?message}: compose stops when NAME is unset or empty
+        assert rest.startswith(":?"), f"${{{name}{rest}}}: a password or key with a default"
+    document = yaml.safe_load(text)
+    for service in document["services"]:
+        for key, value in compose_env(service, path).items():
+            if SECRET_NAME.search(key) and not key.endswith("_FILE"):
+                assert re.fullmatch(rf"\$\{{{key}:\?[^}}]+\}}", value), f"{service}: {key}"
+
+
+def test_the_commands_generate_every_secret_the_replicas_stack_requires() -> None:
+    required = set(REQUIRED_FROM_ENV.findall(REPLICAS.read_text(encoding="utf-8")))
+    assert required == {
+        "INGEST_KEY",
+        "POSTGRES_PASSWORD",
+        "RECALL_OWNER_PASSWORD",
+        "RECALL_APP_PASSWORD",
+    }
+    for text in (REPLICAS.read_text(encoding="utf-8"), (ROOT / "README.md").read_text()):
+        generated = set(re.findall(r"\b(\w+)=\$\(openssl rand -hex 16\)", text))
+        assert required <= generated, sorted(required - generated)
+        assert "docker compose -f compose.replicas.yaml up" in text
+
+
+# --- a small nginx.conf reader -------------------------------------------------------------------
+
+
+@dataclass
+class Directive:
+    name: str
+    args: list[str]
+    block: list[Directive] = field(default_factory=list)
+    within: list[str] = field(default_factory=list)  # the enclosing blocks, outermost first
+
+
+def parse_nginx(text: str) -> list[Directive]:
+    """Every directive of an nginx config, nested or not, in order (comments dropped, quotes
+    taken off the arguments)."""
+    tokens = iter(re.findall(r"#[^\n]*|'[^']*'|\"[^\"]*\"|[{};]|[^\s{};'\"#]+", text))
+    found: list[Directive] = []
+
+    def block(within: list[str]) -> list[Directive]:
+        directives: list[Directive] = []
+        words: list[str] = []
+        for token in tokens:
+            if token.startswith("#"):
+                continue
+            if token in ("{", ";"):
+                directive = Directive(words[0], words[1:], within=within)
+                found.append(directive)
+                directives.append(directive)
+                if token == "{":
+                    directive.block = block([*within, " ".join(words)])
+                words = []
+            elif token == "}":
+                return directives
+            else:
+                words.append(token[1:-1] if token[0] in "'\"" else token)
+        return directives
+
+    block([])
+    return found
+
+
+def nginx_directives(name: str) -> list[Directive]:
+    return [d for d in parse_nginx(NGINX_CONF.read_text(encoding="utf-8")) if d.name == name]
+
+
+def test_the_load_balancer_is_nginx_with_this_config_on_loopback_8080() -> None:
+    lb = replicas_service("lb")
+    assert lb["image"] == "docker.io/library/nginx:1.27-alpine"
+    assert "./deploy/nginx.conf:/etc/nginx/nginx.conf:ro" in lb["volumes"]
+    (published,) = lb["ports"]
+    host, host_port, port = published.split(":")
+    assert (host, host_port) == ("127.0.0.1", "8080")  # the demo publishes 8000
+    assert [d.args for d in nginx_directives("listen")] == [[port]]
+    assert set(lb["depends_on"]) == set(REPLICA_NAMES)
+
+
+def test_the_load_balancer_proxies_every_request_to_both_replicas_on_their_port() -> None:
+    (upstream,) = nginx_directives("upstream")
+    servers = [d.args[0] for d in upstream.block if d.name == "server"]
+    port = Settings.model_fields["port"].default
+    assert sorted(servers) == [f"{name}:{port}" for name in REPLICA_NAMES]
+    passes = nginx_directives("proxy_pass")
+    assert passes and {d.args[0] for d in passes} == {f"http://{upstream.args[0]}"}
+
+
+def test_the_load_balancer_sends_a_host_every_replica_serves() -> None:
+    (host,) = [d.args[1] for d in nginx_directives("proxy_set_header") if d.args[0] == "Host"]
+    assert "$" not in host  # one fixed name, not the client's
+    for name in REPLICA_NAMES:
+        env = compose_env(name, REPLICAS)
+        allowed = Settings(host=env["HOST"], allowed_hosts=env["ALLOWED_HOSTS"]).host_allowlist()
+        assert host in allowed, name
+
+
+def test_the_load_balancers_access_log_holds_no_query_string_body_or_header() -> None:
+    (log_format,) = nginx_directives("log_format")
+    fields = " ".join(log_format.args[1:])
+    variables = set(re.findall(r"\$\w+", fields))
+    assert "$uri" in variables  # the path alone
+    leaking = {"$request", "$request_uri", "$args", "$query_string", "$request_body", "$is_args"}
+    assert not variables & leaking, sorted(variables & leaking)
+    assert not [v for v in variables if v.startswith(("$arg_", "$http_", "$cookie_"))]
+    logs = [d.args for d in nginx_directives("access_log")]
+    assert logs and all(args == ["off"] or args[1:] == [log_format.args[0]] for args in logs)
+
+
+def test_the_load_balancer_takes_what_a_replica_takes_and_streams_its_answers() -> None:
+    (size,) = [d.args[0] for d in nginx_directives("client_max_body_size")]
+    assert re.fullmatch(r"\d+m", size)
+    assert int(size[:-1]) * 1024 * 1024 == Settings.model_fields["max_body_bytes"].default
+    assert [d.args for d in nginx_directives("proxy_buffering")] == [["off"]]
+    (upstream,) = nginx_directives("upstream")
+    assert any(d.name == "keepalive" for d in upstream.block)
+    (idle,) = [d.args[0] for d in upstream.block if d.name == "keepalive_timeout"]
+    assert float(idle.rstrip("s")) < Settings.model_fields["keepalive_timeout"].default
+
+
+def test_the_load_balancer_sends_a_post_again_only_for_turns() -> None:
+    retries = nginx_directives("proxy_next_upstream")
+    (general,) = [d for d in retries if not d.within[-1].startswith("location")]
+    assert general.args == ["error", "timeout", "http_503"]  # nginx: idempotent requests only
+    posts = [d.within[-1] for d in retries if "non_idempotent" in d.args]
+    assert posts == ["location = /turns"]  # a re-post of a conversation is idempotent
+
+
+# --- deploy/nginx.conf run by a real nginx (skipped where nginx is not installed) -----------------
+
+needs_nginx = pytest.mark.skipif(
+    shutil.which("nginx") is None, reason="nginx is not installed (apt-get install nginx)"
+)
+
+
+def nginx_copy(tmp_path: Path, replicas: list[str], port: int) -> Path:
+    """deploy/nginx.conf as a test runs it: the replicas at these addresses, listening on this
+    loopback port, its temporary files under tmp_path. Nothing else changes."""
+    text = NGINX_CONF.read_text(encoding="utf-8")
+    for name, address in zip(REPLICA_NAMES, replicas, strict=True):
+        text = text.replace(f"server {name}:8000", f"server {address}")
+    text = re.sub(r"listen \d+;", f"listen 127.0.0.1:{port};", text)
+    temp = "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n" for kind in NGINX_TEMP_PATHS)
+    config = tmp_path / "nginx.conf"
+    config.write_text(text.replace("http {\n", "http {\n" + temp, 1), encoding="utf-8")
+    return config
+
+
+NGINX_TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+
+
+@dataclass
+class Nginx:
+    url: str
+    access_log: Path
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def running_nginx(tmp_path: Path, replicas: list[str], port: int | None = None) -> Iterator[Nginx]:
+    port = port or free_port()
+    config = nginx_copy(tmp_path, replicas, port)
+    access_log, error_log = tmp_path / "access.log", tmp_path / "error.log"
+    daemon = f"daemon off; pid {tmp_path}/nginx.pid;"
+    process = subprocess.Popen(
+        ["nginx", "-p", f"{tmp_path}/", "-c", str(config), "-e", "stderr", "-g", daemon],
+        stdout=open(access_log, "wb"),  # noqa: SIM115 - the child owns them
+        stderr=open(error_log, "wb"),  # noqa: SIM115
+    )
+    try:
+        wait_for(lambda: process.poll() is not None or port_open(port), timeout=30)
+        assert process.poll() is None, error_log.read_text()
+        yield Nginx(f"http://127.0.0.1:{port}", access_log, process)
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+def request(
+    url: str, data: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of one request, whatever its status."""
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def replica_settings(lb_url: str) -> dict[str, str]:
+    """A replica's ALLOWED_HOSTS and ALLOWED_ORIGINS from compose.replicas.yaml, its origins
+    moved from the published port to this load balancer's."""
+    env = compose_env("replica-1", REPLICAS)
+    origins = env["ALLOWED_ORIGINS"].replace(":8080", ":" + lb_url.rsplit(":", 1)[1])
+    return {"ALLOWED_HOSTS": env["ALLOWED_HOSTS"], "ALLOWED_ORIGINS": origins}
+
+
+class Refusing(http.server.BaseHTTPRequestHandler):
+    """A replica whose database is down: 503 with Retry-After to everything, each request
+    counted by method and path."""
+
+    seen: ClassVar[list[str]] = []
+    answer: ClassVar[bytes] = b'{"error": "store: unavailable right now"}'
+
+    def do_POST(self) -> None:  # the name http.server calls
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        Refusing.seen.append(f"POST {self.path}")
+        self.send_response(503)
+        self.send_header("Retry-After", "5")
+        self.send_header("content-length", str(len(self.answer)))
+        self.end_headers()
+        self.wfile.write(self.answer)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@needs_nginx
+def test_nginx_accepts_the_load_balancers_config(tmp_path: Path) -> None:
+    config = nginx_copy(tmp_path, ["127.0.0.1:8000", "127.0.0.1:8001"], free_port())
+    done = subprocess.run(
+        ["nginx", "-t", "-p", f"{tmp_path}/", "-c", str(config), "-e", "stderr"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@needs_nginx
+def test_through_the_load_balancer_a_replica_serves_the_gateway_the_agent_and_the_page(
+    tmp_path: Path,
+) -> None:
+    # given one replica behind both upstream entries, with the compose file's Host and origins
+    port = free_port()
+    lb_url = f"http://127.0.0.1:{port}"
+    server = make_server(tmp_path, ENGINE="embedded", **replica_settings(lb_url)).start()
+    try:
+        replicas = [server.url.removeprefix("http://")] * 2
+        with running_nginx(tmp_path, replicas, port) as lb:
+            # when the gateway posts, a health probe asks with a query string, the page searches
+            body = json.dumps(conversation("alice", "lb-check", "the N-11 decision text")).encode()
+            gateway = {"content-type": "application/json", "x-ingest-key": server.ingest_key}
+            posted = request(f"{lb.url}/turns", body, gateway)
+            server.wait_indexed("alice")
+            probed = request(f"{lb.url}/readyz?probe=from-the-query-string")
+            page = {
+                "authorization": f"Bearer {server.tokens['alice']}",
+                "origin": lb.url,  # what a browser on the published port sends
+                "content-type": "application/json",
+            }
+            searched = request(f"{lb.url}/api/me/search", b'{"query": "N-11"}', page)
+            # and the agent calls the tool (the same server, seen at the load balancer's port)
+            agent = dataclasses.replace(server, env={**server.env, "PORT": str(port)})
+            answer = asyncio.run(agent.recall("alice", "N-11"))
+        # then the replica accepted the Host and the origin nginx passed on
+        assert posted[0] == 202, posted
+        assert probed[0] == 200, probed
+        assert searched[0] == 200, searched
+        assert "the N-11 decision text" in answer
+        assert json.loads(searched[2])["answer"] == answer  # the tool's answer, word for word
+        # and the access log holds paths and statuses, never a query string, key, token or text
+        log = lb.access_log.read_text()
+        assert '"POST /turns HTTP/1.1" 202' in log and '"GET /readyz HTTP/1.1" 200' in log
+        for secret in ("from-the-query-string", server.ingest_key, server.tokens["alice"], "N-11"):
+            assert secret not in log
+    finally:
+        server.stop()
+
+
+@needs_nginx
+def test_the_load_balancer_sends_a_turns_post_a_refusing_replica_got_on_to_the_other(
+    tmp_path: Path,
+) -> None:
+    # given replica-1 answering 503 to everything (its database is down), replica-2 serving
+    Refusing.seen.clear()
+    server = make_server(tmp_path, ENGINE="embedded", **replica_settings("http://lb:8080")).start()
+    gateway = {"content-type": "application/json", "x-ingest-key": server.ingest_key}
+    serving = server.url.removeprefix("http://")
+    try:
+        with refusing_replica() as first, running_nginx(tmp_path, [first, serving]) as lb:
+            # when the gateway posts conversations, and asks for receipts (a POST, not a re-post)
+            turns = [
+                request(
+                    f"{lb.url}/turns",
+                    json.dumps(conversation("alice", f"c{i}", "hi")).encode(),
+                    gateway,
+                )
+                for i in range(4)
+            ]
+            receipts = [
+                request(f"{lb.url}/receipts", b'{"user": "alice"}', gateway) for _ in range(4)
+            ]
+    finally:
+        server.stop()
+    # then every post of a conversation was stored: sent on to replica-2 after replica-1's 503
+    assert [status for status, *_ in turns] == [202] * 4
+    assert "POST /turns" in Refusing.seen
+    # and no other POST was sent again: each one replica-1 got, its caller got replica-1's 503
+    refused = Refusing.seen.count("POST /receipts")
+    assert refused >= 1 and [status for status, *_ in receipts].count(503) == refused
+
+
+@contextlib.contextmanager
+def refusing_replica() -> Iterator[str]:
+    """A stand-in replica whose database is down (Refusing), on a free port: its address."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@needs_nginx
+def test_while_the_database_is_down_every_request_still_reaches_a_replica(tmp_path: Path) -> None:
+    # given both replicas answering 503 (the database is down), the load balancer retrying them
+    Refusing.seen.clear()
+    with (
+        refusing_replica() as first,
+        refusing_replica() as second,
+        running_nginx(tmp_path, [first, second]) as lb,
+    ):
+        # when the gateway keeps posting
+        answers = [request(f"{lb.url}/turns", b"{}") for _ in range(6)]
+    # then every post got a replica's own answer (its 503 and Retry-After, or, for a tool call,
+    # its soft answer), never nginx's own: a 503 does not take a replica out of the rotation
+    assert len(Refusing.seen) == 12  # each post tried on both
+    assert [(status, body) for status, _, body in answers] == [(503, Refusing.answer)] * 6
+
+
+@needs_nginx
+def test_with_no_replica_answering_the_load_balancer_answers_503_with_retry_after(
+    tmp_path: Path,
+) -> None:
+    # given two replicas that are gone (nothing listens on their ports)
+    gone = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    with running_nginx(tmp_path, gone) as lb:
+        # when the gateway posts, and a probe asks
+        answers = [request(f"{lb.url}/turns", b"{}"), request(f"{lb.url}/readyz")]
+    # then each gets a 503 with Retry-After, as from a replica whose database is down
+    for status, headers, body in answers:
+        assert status == 503 and headers["Retry-After"] == "5"
+        assert json.loads(body)["error"].startswith("replicas: ")
 
 
 # --- examples ----------------------------------------------------------------------------------
