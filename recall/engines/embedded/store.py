@@ -19,7 +19,7 @@ import sqlite3
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -29,7 +29,17 @@ import numpy as np
 
 from recall.conversations import SOURCE_SUFFIX, is_recalled, read_source, source_files
 from recall.embedder import Embedder, packaged_fingerprint
-from recall.engines.embedded.text import fts_query, identifier_forms
+from recall.engines.embedded.search import (
+    IDS_COLUMN_WEIGHT,
+    LEXICAL_POOL,
+    Candidate,
+    Lexical,
+    Pooled,
+    known_counts,
+    lexical,
+    searched_terms,
+)
+from recall.engines.embedded.text import Query, fts_query, identifier_forms
 
 log = logging.getLogger("recall.embedded")
 
@@ -473,13 +483,24 @@ class Neighbour(NamedTuple):
 def neighbours(con: sqlite3.Connection, conv: str, seq: int, span: int = 1) -> list[Neighbour]:
     """The turns up to ``span`` before and after turn ``seq`` of a conversation, those that
     exist, in conversation order."""
+    return gather_neighbours(
+        seq,
+        con.execute(
+            "SELECT seq, role, text, recalled FROM chunks"
+            " WHERE conv = ? AND seq BETWEEN ? AND ? AND seq != ?"
+            " ORDER BY seq, block, split",
+            (conv, seq - span, seq + span, seq),
+        ),
+    )
+
+
+def gather_neighbours(
+    seq: int, pieces: Iterable[tuple[int, str, str, bool | int]]
+) -> list[Neighbour]:
+    """The neighbours of turn ``seq`` from the pieces of the turns around it, (seq, role, text,
+    recalled) in conversation order: each turn's pieces joined, a recalled turn labelled."""
     parts: dict[int, tuple[str, list[str]]] = {}
-    for turn_seq, role, text, recalled in con.execute(
-        "SELECT seq, role, text, recalled FROM chunks"
-        " WHERE conv = ? AND seq BETWEEN ? AND ? AND seq != ?"
-        " ORDER BY seq, block, split",
-        (conv, seq - span, seq + span, seq),
-    ):
+    for turn_seq, role, text, recalled in pieces:
         label = RECALLED_ROLE.format(role=role) if recalled else role
         parts.setdefault(turn_seq, (label, []))[1].append(text)
     return [
@@ -496,3 +517,42 @@ def doc_counts(con: sqlite3.Connection, terms: Sequence[str]) -> dict[str, int]:
         ).fetchone()[0]
         for term in terms
     }
+
+
+def lexical_leg(
+    con: sqlite3.Connection,
+    query: Query,
+    common: Mapping[str, int],
+    candidates: int,
+    passages: int,
+) -> Lexical:
+    """The lexical leg over FTS5: the query's term counts and its BM25 pool, ranked by
+    search.lexical."""
+    # Counting a word reads its whole doclist, which for a common word is most of a
+    # 10,000-conversation recall's time: common words take their count from the vocabulary
+    # loaded with the matrix; the others are counted.
+    counts = known_counts(query, common)
+    counts.update(doc_counts(con, [t for t in query.terms if t not in counts]))
+    # A wider BM25 pool, re-ordered by how much of the query each passage covers.
+    rows = con.execute(
+        "SELECT rowid, text, ids FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
+        (fts_query(searched_terms(query, common)), IDS_COLUMN_WEIGHT, candidates * LEXICAL_POOL),
+    ).fetchall()
+    pool = [Pooled(rowid, text, ids.split()) for rowid, text, ids in rows]
+    return lexical(query, counts, pool, passages)
+
+
+def candidate_rows(con: sqlite3.Connection, ids: Iterable[int]) -> list[Candidate]:
+    """The rows of ``ids`` (the fused ones), as search.top_hits ranks them."""
+    wanted = list(ids)
+    if not wanted:
+        return []
+    marks = ",".join("?" * len(wanted))
+    return [
+        Candidate(rowid, conv, turn, seq, ts, epoch, role, text, held.split())
+        for rowid, conv, turn, seq, ts, epoch, role, text, held in con.execute(
+            "SELECT id, conv, turn, seq, ts, epoch, role, text, ids FROM chunks"
+            f" WHERE id IN ({marks})",
+            wanted,
+        )
+    ]
