@@ -54,8 +54,11 @@ PIECE_CHARS = 1_200  # funes' split size; also about what MiniLM reads before it
 # Measured: see benchmark/README.md, "What moved the numbers".
 CONTEXT_CHARS = 300
 FLUSH_TEXTS = 256  # embed and commit after this many new pieces: bounded memory, steady progress
+# FTS5's tokenizer for the text and ids columns; the PostgreSQL store stems with it too
+# (recall/pg/fts.py), so both rank the same terms.
+FTS_TOKENIZER = "porter unicode61"
 
-SCHEMA_SQL = """
+SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 -- the stat stamp of each source file as last indexed: an unchanged file is not even read
 CREATE TABLE IF NOT EXISTS files (conv TEXT PRIMARY KEY, stamp TEXT NOT NULL);
@@ -75,7 +78,7 @@ CREATE TABLE IF NOT EXISTS chunks (
 );
 CREATE INDEX IF NOT EXISTS chunks_by_turn ON chunks (conv, seq);  -- neighbours
 CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5 (
-    text, ids, content='chunks', content_rowid='id', tokenize='porter unicode61'
+    text, ids, content='chunks', content_rowid='id', tokenize='{FTS_TOKENIZER}'
 );
 CREATE TRIGGER IF NOT EXISTS chunks_ins AFTER INSERT ON chunks WHEN new.recalled = 0 BEGIN
     INSERT INTO fts (rowid, text, ids) VALUES (new.id, new.text, new.ids);
@@ -148,11 +151,69 @@ class _Row:
     text: str
     embed_text: str
     recalled: bool = False  # an answer built with recall: a neighbour, never a hit
-    vec: bytes | None = None  # reused from the db when the embedded text is unchanged
+    vec: Any = None  # as the store keeps it; reused when the embedded text is unchanged
 
     @property
     def digest(self) -> str:
         return _digest(self.embed_text)
+
+    @property
+    def ids(self) -> str:
+        """The stored `ids` column: the piece's identifier forms, space-separated."""
+        return " ".join(identifier_forms(self.text))
+
+    @property
+    def epoch(self) -> float:
+        return _epoch(self.ts)
+
+
+class Stored(NamedTuple):
+    """What an index holds of a piece already: enough to tell whether it changed."""
+
+    id: int
+    seq: int
+    ts: str
+    role: str
+    text: str
+    recalled: bool
+    digest: str
+    vec: Any
+
+
+def changed_rows(wanted: list[_Row], have: dict[str, Stored]) -> tuple[list[int], list[_Row]]:
+    """What one conversation needs: the ids of stored rows to drop and the rows to write.
+    ``have`` maps chunk keys to what is stored (it is emptied). A changed row is dropped and
+    written again, keeping its vector when the embedded text is the same."""
+    drop: list[int] = []
+    write: list[_Row] = []
+    for row in wanted:
+        old = have.pop(row.chunk, None)
+        if old is not None:
+            if (old.seq, old.ts, old.role, old.text, old.recalled, old.digest) == (
+                row.seq, row.ts, row.role, row.text, row.recalled, row.digest,
+            ):  # fmt: skip
+                continue  # unchanged
+            drop.append(old.id)
+            if old.digest == row.digest:
+                row.vec = old.vec  # same embedded text: keep its vector
+        write.append(row)
+    drop.extend(old.id for old in have.values())  # turns the conversation no longer has
+    return drop, write
+
+
+def batch_full(works: int, texts: int) -> bool:
+    """Whether pending work is one flush's worth: FLUSH_TEXTS pieces to embed, or conversations."""
+    return texts >= FLUSH_TEXTS or works >= FLUSH_TEXTS
+
+
+def embed_missing(rows: list[_Row], embedder: Embedder, keep: Callable[[np.ndarray], Any]) -> None:
+    """Embed (batched) the rows that have no vector yet; ``keep`` turns a float32 unit vector
+    into the store's form of it."""
+    todo = [r for r in rows if r.vec is None]
+    if todo:
+        vectors = embedder.embed([r.embed_text for r in todo])
+        for row, vec in zip(todo, vectors, strict=True):
+            row.vec = keep(np.asarray(vec, dtype=np.float32))
 
 
 @dataclass
@@ -309,7 +370,7 @@ def reconcile(
                 continue
             pending.append(work)
             to_embed += sum(1 for row in work.write if row.vec is None)
-            if to_embed >= FLUSH_TEXTS or len(pending) >= FLUSH_TEXTS:
+            if batch_full(len(pending), to_embed):
                 before_flush()
                 flush(con, pending, embedder)
                 pending, to_embed = [], 0
@@ -336,7 +397,7 @@ def plan(
         log.warning("skipping unreadable source %s (%s)", source.name, type(exc).__name__)
         return None
     have = {
-        chunk: (rowid, seq, ts, role, text, bool(recalled), digest, vec)
+        chunk: Stored(rowid, seq, ts, role, text, bool(recalled), digest, vec)
         for rowid, chunk, seq, ts, role, text, recalled, digest, vec in con.execute(
             "SELECT id, chunk, seq, ts, role, text, recalled, digest, vec FROM chunks"
             " WHERE conv = ?",
@@ -344,28 +405,13 @@ def plan(
         )
     }
     work = _FileWork(conv, stamp)
-    for row in wanted:
-        old = have.pop(row.chunk, None)
-        if old is not None:
-            rowid, *stored, vec = old
-            if tuple(stored) == (row.seq, row.ts, row.role, row.text, row.recalled, row.digest):
-                continue  # unchanged
-            digest = stored[-1]
-            work.drop.append(rowid)
-            if digest == row.digest:
-                row.vec = vec  # same embedded text: keep its vector
-        work.write.append(row)
-    work.drop.extend(rowid for rowid, *_ in have.values())  # turns the file no longer has
+    work.drop, work.write = changed_rows(wanted, have)
     return work
 
 
 def flush(con: sqlite3.Connection, pending: list[_FileWork], embedder: Embedder) -> None:
     """Embed what the pending files need (batched), then write them in one transaction."""
-    todo = [r for w in pending for r in w.write if r.vec is None]
-    if todo:
-        vectors = embedder.embed([r.embed_text for r in todo])
-        for row, vec in zip(todo, vectors, strict=True):
-            row.vec = np.asarray(vec, dtype=np.float32).tobytes()
+    embed_missing([r for w in pending for r in w.write], embedder, np.ndarray.tobytes)
     con.execute("BEGIN IMMEDIATE")
     try:
         for work in pending:
@@ -376,9 +422,8 @@ def flush(con: sqlite3.Connection, pending: list[_FileWork], embedder: Embedder)
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
-                        r.chunk, r.conv, r.turn, r.seq, r.block, r.split, r.ts, _epoch(r.ts),
-                        r.role, r.text, " ".join(identifier_forms(r.text)), r.digest, r.vec,
-                        int(r.recalled),
+                        r.chunk, r.conv, r.turn, r.seq, r.block, r.split, r.ts, r.epoch,
+                        r.role, r.text, r.ids, r.digest, r.vec, int(r.recalled),
                     )
                     for r in work.write
                 ],
