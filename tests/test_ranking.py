@@ -13,8 +13,14 @@ from test_embedded_engine import CORPUS, hits, post
 
 from recall.embedder import OnnxEmbedder, load_embedder
 from recall.engines.embedded import EmbeddedEngine, Query, db_path
-from recall.engines.embedded.search import Lexical, common_floor, lexical, order_pool, top_hits
-from recall.engines.embedded.store import common_stems, connect, doc_counts
+from recall.engines.embedded.search import Lexical, common_floor, order_pool, top_hits
+from recall.engines.embedded.store import (
+    candidate_rows,
+    common_stems,
+    connect,
+    doc_counts,
+    lexical_leg,
+)
 
 # A chat between two people: both names in every turn, as a chat log's speaker labels put them.
 CHATTER = [
@@ -65,7 +71,7 @@ def test_a_rare_word_outweighs_names_and_words_every_turn_carries(chat: Path) ->
         common = common_stems(con, common_floor(passages))
 
         # When the lexical leg ranks its candidates
-        pool = lexical(con, query, common, candidates=3, passages=passages)
+        pool = lexical_leg(con, query, common, candidates=3, passages=passages)
         best = pool.pool[pool.shares.index(pool.covered)]
         first = con.execute("SELECT text FROM chunks WHERE id = ?", (best,)).fetchone()
     finally:
@@ -200,7 +206,8 @@ async def test_a_month_named_in_the_query_lifts_that_months_turn_but_filters_not
         fused = {rows["review-march"]: 0.0250, rows["review-june"]: 0.0245}
 
         def first(months: tuple[tuple[int | None, int], ...]) -> str:
-            hits = top_hits(con, fused, k=1, newest=0.0, half_life_days=0.0, months=months)
+            found = candidate_rows(con, fused)
+            hits = top_hits(found, fused, k=1, newest=0.0, half_life_days=0.0, months=months)
             return hits[0].conv
 
         # When the query names no month, June, June 2026, June 2025, or a month without turns
@@ -228,7 +235,7 @@ async def test_a_turn_next_to_a_better_hit_gives_its_place_to_another_passage(
         fused = {ids["one"]: 0.03, ids["two"]: 0.02, ids["three"]: 0.01}
 
         # When the top two are taken
-        hits = top_hits(con, fused, k=2, newest=0.0, half_life_days=0.0)
+        hits = top_hits(candidate_rows(con, fused), fused, k=2, newest=0.0, half_life_days=0.0)
     finally:
         con.close()
 

@@ -42,12 +42,12 @@ from recall.engines.embedded.search import (
     common_floor,
     dense,
     fuse,
-    lexical,
     nothing_relevant,
     order_pool,
     top_hits,
 )
 from recall.engines.embedded.store import (
+    candidate_rows,
     common_stems,
     connect,
     db_path,
@@ -55,6 +55,7 @@ from recall.engines.embedded.store import (
     forget_conversation,
     generation,
     is_corrupt,
+    lexical_leg,
     load_vectors,
     looks_like_db,
     neighbours,
@@ -280,7 +281,7 @@ class EmbeddedEngine:
         # embedding, saved a single recall 2 ms; under load the hand-off cost more than that
         # (16 callers back to back: 4-20% fewer calls a second; benchmark/README.md, "Load").
         by_words = (
-            lexical(con, query, vectors.common, self.candidates, len(vectors.ids))
+            lexical_leg(con, query, vectors.common, self.candidates, len(vectors.ids))
             if query.terms
             else Lexical([], [], False)
         )
@@ -289,10 +290,10 @@ class EmbeddedEngine:
         by_meaning, best_similarity = dense(vectors.ids, similarity, self.candidates)
         if nothing_relevant(by_words, best_similarity, self.min_similarity):
             return []
-        by_words_ranked = order_pool(by_words, vectors.ids, similarity, self.candidates)
+        by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=self.candidates)
         fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
         return top_hits(
-            con,
+            candidate_rows(con, fused),
             fused,
             k=self.k,
             newest=vectors.newest,

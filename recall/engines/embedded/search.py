@@ -1,4 +1,4 @@
-"""Ranking: the two legs (BM25 over FTS5, exact cosine), their fusion, recency, the top k.
+"""Ranking: the two legs (BM25, exact cosine), their fusion, recency, the top k.
 
     query -> lexical leg (BM25, re-ordered by rarity-weighted coverage, then meaning)
           + dense leg (cosine over the matrix)
@@ -8,27 +8,21 @@
 
 The knobs below were measured on the benchmark; their figures are recorded once, in
 benchmark/README.md, "What moved the numbers". Change one only with a run of that benchmark.
-`fuse()` and `recency()` are pure: any engine can rank with them.
+Everything here is pure: it ranks candidates a store has read (the BM25 pool with its term
+counts, cosines, the candidate rows), never a connection, so the SQLite engine (store.py) and
+the PostgreSQL store (recall/pg/search.py) rank with the same code.
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from recall.engines.embedded.store import doc_counts
-from recall.engines.embedded.text import (
-    ID_COVERAGE,
-    Query,
-    common_count,
-    coverage,
-    fts_query,
-    is_common,
-)
+from recall.engines.embedded.text import ID_COVERAGE, Query, common_count, coverage, is_common
 
 # Fusion: ranks, not scores, are fused (BM25 and cosine live on different scales); 60 is the usual
 # reciprocal-rank constant. The dense leg at half weight: a passage only the model finds cannot
@@ -104,58 +98,78 @@ class Lexical:
         return max(self.shares, default=0.0)
 
 
-def lexical(
-    con: sqlite3.Connection,
-    query: Query,
-    common: Mapping[str, int],
-    candidates: int,
-    passages: int,
-) -> Lexical:
-    """The lexical leg: a pool of BM25 rows, each with the share of the query it covers (the
-    pool is ordered by ``order_pool`` once the query's vector is known).
+class Pooled(NamedTuple):
+    """A row of the BM25 pool: its id, its text and its identifier forms."""
 
-    Each query term weighs its rarity in this user's own history, so a name that occurs in every
-    turn counts for little and a rare noun for much.
+    id: int
+    text: str
+    ids: Sequence[str]
+
+
+def searched_terms(query: Query, common: Mapping[str, int]) -> list[str]:
+    """The terms the BM25 pool is matched on: the query's, less the common ones (it adds almost
+    nothing to BM25 but makes the store score much of the history), unless all are common."""
+    return [t for t in query.terms if not is_common(t, common)] or list(query.terms)
+
+
+def known_counts(query: Query, common: Mapping[str, int]) -> dict[str, int]:
+    """The passage counts of the query's common terms, from the vocabulary loaded with the
+    vectors: counting a common word would read most of the index. The store counts the rest."""
+    return {t: n for t in query.terms if (n := common_count(t, common)) is not None}
+
+
+def lexical(
+    query: Query, counts: Mapping[str, int], rows: Sequence[Pooled], passages: int
+) -> Lexical:
+    """The lexical leg: the BM25 pool ``rows`` (best first), each with the share of the query
+    it covers (the pool is ordered by ``order_pool`` once the query's vector is known).
+
+    ``counts`` holds how many passages contain each query term (``known_counts``, then the
+    store's count of the others). Each query term weighs its rarity in this user's own
+    history, so a name that occurs in every turn counts for little and a rare noun for much.
     """
-    searched = [t for t in query.terms if not is_common(t, common)] or query.terms
-    # Counting a word reads its whole doclist, which for a common word is most of a
-    # 10,000-conversation recall's time: common words take their count from the vocabulary
-    # loaded with the matrix; the others are counted.
-    counts = {t: n for t in query.terms if (n := common_count(t, common)) is not None}
-    counts.update(doc_counts(con, [t for t in query.terms if t not in counts]))
     weights = {term: idf(passages, min(count, passages)) for term, count in counts.items()}
     unknown_ids = bool(query.ids) and all(counts[i] == 0 for i in query.ids)
-    # A wider BM25 pool, re-ordered by how much of the query each passage covers.
-    rows = con.execute(
-        "SELECT rowid, text, ids FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
-        (fts_query(searched), IDS_COLUMN_WEIGHT, candidates * LEXICAL_POOL),
-    ).fetchall()
     whole = sum((ID_COVERAGE if t in query.ids else 1) * weights[t] for t in query.terms)
     return Lexical(
-        pool=[rowid for rowid, _, _ in rows],
+        pool=[row.id for row in rows],
         shares=[
-            coverage(query.terms, text, weights, ids.split()) / whole if whole else 0.0
-            for _, text, ids in rows
+            coverage(query.terms, row.text, weights, row.ids) / whole if whole else 0.0
+            for row in rows
         ],
         unknown_ids=unknown_ids,
     )
 
 
 def order_pool(
-    by_words: Lexical, ids: np.ndarray, similarity: np.ndarray, candidates: int
+    by_words: Lexical,
+    cosines: Mapping[int, float] | np.ndarray,
+    similarity: np.ndarray | None = None,
+    *,
+    candidates: int,
 ) -> list[int]:
     """The lexical leg's ranking: its best ``candidates`` rows by covered share plus
-    ``POOL_MEANING`` x cosine (``similarity[i]`` is row ``ids[i]``'s; ``ids`` ascending)."""
-    rows = np.searchsorted(ids, by_words.pool).clip(max=max(len(ids) - 1, 0))
-    cosines = [
-        float(similarity[r]) if len(ids) and ids[r] == rowid else 0.0
-        for r, rowid in zip(rows, by_words.pool, strict=True)
-    ]
+    ``POOL_MEANING`` x cosine. ``cosines`` maps a pooled rowid to its cosine (a row without
+    one counts 0); or, with ``similarity``, it is the ascending rowids of the whole matrix
+    (``similarity[i]`` is row ``cosines[i]``'s)."""
+    by_row = cosines if similarity is None else pool_cosines(by_words.pool, cosines, similarity)
     score = [
-        share + POOL_MEANING * cos for share, cos in zip(by_words.shares, cosines, strict=True)
+        share + POOL_MEANING * by_row.get(rowid, 0.0)
+        for rowid, share in zip(by_words.pool, by_words.shares, strict=True)
     ]
     ranked = sorted(range(len(score)), key=lambda i: (-score[i], i))
     return [by_words.pool[i] for i in ranked[:candidates]]
+
+
+def pool_cosines(pool: Sequence[int], ids: np.ndarray, similarity: np.ndarray) -> dict[int, float]:
+    """The cosines of the pooled rows, read from the whole matrix's (``similarity[i]`` is row
+    ``ids[i]``'s, ``ids`` ascending)."""
+    rows = np.searchsorted(ids, pool).clip(max=max(len(ids) - 1, 0))
+    return {
+        rowid: float(similarity[r])
+        for r, rowid in zip(rows, pool, strict=True)
+        if len(ids) and ids[r] == rowid
+    }
 
 
 def dense(ids: np.ndarray, scores: np.ndarray, candidates: int) -> tuple[list[int], float]:
@@ -192,9 +206,23 @@ def recency(age_days: float, half_life_days: float, floor: float = RECENCY_FLOOR
     return floor + (1 - floor) * 0.5 ** (age_days / half_life_days)
 
 
+class Candidate(NamedTuple):
+    """A fused row as the store read it: what a Hit shows, and its identifier forms."""
+
+    id: int
+    conv: str
+    turn: str
+    seq: int
+    ts: str
+    epoch: float
+    role: str
+    text: str
+    ids: Sequence[str]
+
+
 def top_hits(
-    con: sqlite3.Connection,
-    fused: dict[int, float],
+    rows: Iterable[Candidate],
+    fused: Mapping[int, float],
     *,
     k: int,
     newest: float,
@@ -202,20 +230,17 @@ def top_hits(
     months: Sequence[tuple[int | None, int]] = (),
     ids: Sequence[str] = (),
 ) -> list[Hit]:
-    """The best ``k`` of the fused rows, recency applied when ``half_life_days`` is set, and
-    turns from a month the query names, or holding every identifier it names (``ids``, joined
-    forms), lifted (never filtered)."""
-    if not fused:
-        return []
-    marks = ",".join("?" * len(fused))
+    """The best ``k`` of the fused rows (``rows``: those of ``fused``, in any order), recency
+    applied when ``half_life_days`` is set, and turns from a month the query names, or holding
+    every identifier it names (``ids``, joined forms), lifted (never filtered)."""
     asked = set(ids)
     hits = []
-    for rowid, conv, turn, seq, ts, epoch, role, text, held in con.execute(
-        f"SELECT id, conv, turn, seq, ts, epoch, role, text, ids FROM chunks WHERE id IN ({marks})",
-        list(fused),
-    ):
-        hit = Hit(rowid, conv, turn, seq, ts, epoch, role, text, fused[rowid])
-        if asked and asked <= set(held.split()):
+    for row in rows:
+        hit = Hit(
+            row.id, row.conv, row.turn, row.seq, row.ts, row.epoch, row.role, row.text,
+            fused[row.id],
+        )  # fmt: skip
+        if asked and asked <= set(row.ids):
             hit.score *= 1 + ID_BOOST
         hits.append(hit)
     if half_life_days > 0:

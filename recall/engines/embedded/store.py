@@ -19,7 +19,7 @@ import sqlite3
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -29,7 +29,17 @@ import numpy as np
 
 from recall.conversations import SOURCE_SUFFIX, is_recalled, read_source, source_files
 from recall.embedder import Embedder, packaged_fingerprint
-from recall.engines.embedded.text import fts_query, identifier_forms
+from recall.engines.embedded.search import (
+    IDS_COLUMN_WEIGHT,
+    LEXICAL_POOL,
+    Candidate,
+    Lexical,
+    Pooled,
+    known_counts,
+    lexical,
+    searched_terms,
+)
+from recall.engines.embedded.text import Query, fts_query, identifier_forms
 
 log = logging.getLogger("recall.embedded")
 
@@ -44,8 +54,11 @@ PIECE_CHARS = 1_200  # funes' split size; also about what MiniLM reads before it
 # Measured: see benchmark/README.md, "What moved the numbers".
 CONTEXT_CHARS = 300
 FLUSH_TEXTS = 256  # embed and commit after this many new pieces: bounded memory, steady progress
+# FTS5's tokenizer for the text and ids columns; the PostgreSQL store stems with it too
+# (recall/pg/fts.py), so both rank the same terms.
+FTS_TOKENIZER = "porter unicode61"
 
-SCHEMA_SQL = """
+SCHEMA_SQL = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 -- the stat stamp of each source file as last indexed: an unchanged file is not even read
 CREATE TABLE IF NOT EXISTS files (conv TEXT PRIMARY KEY, stamp TEXT NOT NULL);
@@ -65,7 +78,7 @@ CREATE TABLE IF NOT EXISTS chunks (
 );
 CREATE INDEX IF NOT EXISTS chunks_by_turn ON chunks (conv, seq);  -- neighbours
 CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5 (
-    text, ids, content='chunks', content_rowid='id', tokenize='porter unicode61'
+    text, ids, content='chunks', content_rowid='id', tokenize='{FTS_TOKENIZER}'
 );
 CREATE TRIGGER IF NOT EXISTS chunks_ins AFTER INSERT ON chunks WHEN new.recalled = 0 BEGIN
     INSERT INTO fts (rowid, text, ids) VALUES (new.id, new.text, new.ids);
@@ -138,11 +151,69 @@ class _Row:
     text: str
     embed_text: str
     recalled: bool = False  # an answer built with recall: a neighbour, never a hit
-    vec: bytes | None = None  # reused from the db when the embedded text is unchanged
+    vec: Any = None  # as the store keeps it; reused when the embedded text is unchanged
 
     @property
     def digest(self) -> str:
         return _digest(self.embed_text)
+
+    @property
+    def ids(self) -> str:
+        """The stored `ids` column: the piece's identifier forms, space-separated."""
+        return " ".join(identifier_forms(self.text))
+
+    @property
+    def epoch(self) -> float:
+        return _epoch(self.ts)
+
+
+class Stored(NamedTuple):
+    """What an index holds of a piece already: enough to tell whether it changed."""
+
+    id: int
+    seq: int
+    ts: str
+    role: str
+    text: str
+    recalled: bool
+    digest: str
+    vec: Any
+
+
+def changed_rows(wanted: list[_Row], have: dict[str, Stored]) -> tuple[list[int], list[_Row]]:
+    """What one conversation needs: the ids of stored rows to drop and the rows to write.
+    ``have`` maps chunk keys to what is stored (it is emptied). A changed row is dropped and
+    written again, keeping its vector when the embedded text is the same."""
+    drop: list[int] = []
+    write: list[_Row] = []
+    for row in wanted:
+        old = have.pop(row.chunk, None)
+        if old is not None:
+            if (old.seq, old.ts, old.role, old.text, old.recalled, old.digest) == (
+                row.seq, row.ts, row.role, row.text, row.recalled, row.digest,
+            ):  # fmt: skip
+                continue  # unchanged
+            drop.append(old.id)
+            if old.digest == row.digest:
+                row.vec = old.vec  # same embedded text: keep its vector
+        write.append(row)
+    drop.extend(old.id for old in have.values())  # turns the conversation no longer has
+    return drop, write
+
+
+def batch_full(works: int, texts: int) -> bool:
+    """Whether pending work is one flush's worth: FLUSH_TEXTS pieces to embed, or conversations."""
+    return texts >= FLUSH_TEXTS or works >= FLUSH_TEXTS
+
+
+def embed_missing(rows: list[_Row], embedder: Embedder, keep: Callable[[np.ndarray], Any]) -> None:
+    """Embed (batched) the rows that have no vector yet; ``keep`` turns a float32 unit vector
+    into the store's form of it."""
+    todo = [r for r in rows if r.vec is None]
+    if todo:
+        vectors = embedder.embed([r.embed_text for r in todo])
+        for row, vec in zip(todo, vectors, strict=True):
+            row.vec = keep(np.asarray(vec, dtype=np.float32))
 
 
 @dataclass
@@ -299,7 +370,7 @@ def reconcile(
                 continue
             pending.append(work)
             to_embed += sum(1 for row in work.write if row.vec is None)
-            if to_embed >= FLUSH_TEXTS or len(pending) >= FLUSH_TEXTS:
+            if batch_full(len(pending), to_embed):
                 before_flush()
                 flush(con, pending, embedder)
                 pending, to_embed = [], 0
@@ -326,7 +397,7 @@ def plan(
         log.warning("skipping unreadable source %s (%s)", source.name, type(exc).__name__)
         return None
     have = {
-        chunk: (rowid, seq, ts, role, text, bool(recalled), digest, vec)
+        chunk: Stored(rowid, seq, ts, role, text, bool(recalled), digest, vec)
         for rowid, chunk, seq, ts, role, text, recalled, digest, vec in con.execute(
             "SELECT id, chunk, seq, ts, role, text, recalled, digest, vec FROM chunks"
             " WHERE conv = ?",
@@ -334,28 +405,13 @@ def plan(
         )
     }
     work = _FileWork(conv, stamp)
-    for row in wanted:
-        old = have.pop(row.chunk, None)
-        if old is not None:
-            rowid, *stored, vec = old
-            if tuple(stored) == (row.seq, row.ts, row.role, row.text, row.recalled, row.digest):
-                continue  # unchanged
-            digest = stored[-1]
-            work.drop.append(rowid)
-            if digest == row.digest:
-                row.vec = vec  # same embedded text: keep its vector
-        work.write.append(row)
-    work.drop.extend(rowid for rowid, *_ in have.values())  # turns the file no longer has
+    work.drop, work.write = changed_rows(wanted, have)
     return work
 
 
 def flush(con: sqlite3.Connection, pending: list[_FileWork], embedder: Embedder) -> None:
     """Embed what the pending files need (batched), then write them in one transaction."""
-    todo = [r for w in pending for r in w.write if r.vec is None]
-    if todo:
-        vectors = embedder.embed([r.embed_text for r in todo])
-        for row, vec in zip(todo, vectors, strict=True):
-            row.vec = np.asarray(vec, dtype=np.float32).tobytes()
+    embed_missing([r for w in pending for r in w.write], embedder, np.ndarray.tobytes)
     con.execute("BEGIN IMMEDIATE")
     try:
         for work in pending:
@@ -366,9 +422,8 @@ def flush(con: sqlite3.Connection, pending: list[_FileWork], embedder: Embedder)
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
-                        r.chunk, r.conv, r.turn, r.seq, r.block, r.split, r.ts, _epoch(r.ts),
-                        r.role, r.text, " ".join(identifier_forms(r.text)), r.digest, r.vec,
-                        int(r.recalled),
+                        r.chunk, r.conv, r.turn, r.seq, r.block, r.split, r.ts, r.epoch,
+                        r.role, r.text, r.ids, r.digest, r.vec, int(r.recalled),
                     )
                     for r in work.write
                 ],
@@ -473,13 +528,24 @@ class Neighbour(NamedTuple):
 def neighbours(con: sqlite3.Connection, conv: str, seq: int, span: int = 1) -> list[Neighbour]:
     """The turns up to ``span`` before and after turn ``seq`` of a conversation, those that
     exist, in conversation order."""
+    return gather_neighbours(
+        seq,
+        con.execute(
+            "SELECT seq, role, text, recalled FROM chunks"
+            " WHERE conv = ? AND seq BETWEEN ? AND ? AND seq != ?"
+            " ORDER BY seq, block, split",
+            (conv, seq - span, seq + span, seq),
+        ),
+    )
+
+
+def gather_neighbours(
+    seq: int, pieces: Iterable[tuple[int, str, str, bool | int]]
+) -> list[Neighbour]:
+    """The neighbours of turn ``seq`` from the pieces of the turns around it, (seq, role, text,
+    recalled) in conversation order: each turn's pieces joined, a recalled turn labelled."""
     parts: dict[int, tuple[str, list[str]]] = {}
-    for turn_seq, role, text, recalled in con.execute(
-        "SELECT seq, role, text, recalled FROM chunks"
-        " WHERE conv = ? AND seq BETWEEN ? AND ? AND seq != ?"
-        " ORDER BY seq, block, split",
-        (conv, seq - span, seq + span, seq),
-    ):
+    for turn_seq, role, text, recalled in pieces:
         label = RECALLED_ROLE.format(role=role) if recalled else role
         parts.setdefault(turn_seq, (label, []))[1].append(text)
     return [
@@ -496,3 +562,42 @@ def doc_counts(con: sqlite3.Connection, terms: Sequence[str]) -> dict[str, int]:
         ).fetchone()[0]
         for term in terms
     }
+
+
+def lexical_leg(
+    con: sqlite3.Connection,
+    query: Query,
+    common: Mapping[str, int],
+    candidates: int,
+    passages: int,
+) -> Lexical:
+    """The lexical leg over FTS5: the query's term counts and its BM25 pool, ranked by
+    search.lexical."""
+    # Counting a word reads its whole doclist, which for a common word is most of a
+    # 10,000-conversation recall's time: common words take their count from the vocabulary
+    # loaded with the matrix; the others are counted.
+    counts = known_counts(query, common)
+    counts.update(doc_counts(con, [t for t in query.terms if t not in counts]))
+    # A wider BM25 pool, re-ordered by how much of the query each passage covers.
+    rows = con.execute(
+        "SELECT rowid, text, ids FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
+        (fts_query(searched_terms(query, common)), IDS_COLUMN_WEIGHT, candidates * LEXICAL_POOL),
+    ).fetchall()
+    pool = [Pooled(rowid, text, ids.split()) for rowid, text, ids in rows]
+    return lexical(query, counts, pool, passages)
+
+
+def candidate_rows(con: sqlite3.Connection, ids: Iterable[int]) -> list[Candidate]:
+    """The rows of ``ids`` (the fused ones), as search.top_hits ranks them."""
+    wanted = list(ids)
+    if not wanted:
+        return []
+    marks = ",".join("?" * len(wanted))
+    return [
+        Candidate(rowid, conv, turn, seq, ts, epoch, role, text, held.split())
+        for rowid, conv, turn, seq, ts, epoch, role, text, held in con.execute(
+            "SELECT id, conv, turn, seq, ts, epoch, role, text, ids FROM chunks"
+            f" WHERE id IN ({marks})",
+            wanted,
+        )
+    ]

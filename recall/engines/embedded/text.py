@@ -146,10 +146,16 @@ def is_common(word: str, common_stems: Mapping[str, int] | frozenset[str]) -> bo
 def common_count(word: str, common_stems: Mapping[str, int] | frozenset[str]) -> int | None:
     """How many passages hold a common query word (its stem's count), or None when it is not
     common. A frozenset of stems (no counts) answers 0 for a common word."""
-    for n in range(max(len(word) - 3, 3), len(word) + 1):
-        if word[:n] in common_stems:
-            return common_stems[word[:n]] if isinstance(common_stems, Mapping) else 0
+    for prefix in stem_prefixes(word):
+        if prefix in common_stems:
+            return common_stems[prefix] if isinstance(common_stems, Mapping) else 0
     return None
+
+
+def stem_prefixes(word: str) -> list[str]:
+    """The stems a query word may have in the index, shortest first: the word itself or the
+    word less a suffix of up to 3 letters (never shorter than 3)."""
+    return [word[:n] for n in range(max(len(word) - 3, 3), len(word) + 1)]
 
 
 def coverage(

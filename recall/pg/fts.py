@@ -1,0 +1,87 @@
+"""SQLite FTS5's tokenizer as a library, so PostgreSQL's postings hold the very terms the embedded
+engine's FTS5 index holds (porter stems of unicode61 tokens) and BM25 ranks the same terms.
+
+Each call fills a fresh in-memory fts5 table (the embedded engine's columns and tokenizer) and
+reads it back through `fts5vocab(..., 'instance')`: one row per token, with its column and
+offset. Nothing is stored; the table is gone when the call returns.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import closing
+from dataclasses import dataclass
+
+from recall.engines.embedded.store import FTS_TOKENIZER
+
+TEXT, IDS = "text", "ids"  # the columns, as fts5vocab names them
+
+
+@dataclass(frozen=True)
+class Counted:
+    """One piece's terms: each stem's count in the text and in the ids column, and its length."""
+
+    tf: dict[str, tuple[int, int]]  # stem -> (count in text, count in ids)
+    tokens: int  # tokens in both columns: BM25's document length, as FTS5 counts it
+
+
+def _instances(pieces: Sequence[tuple[str, str]]) -> list[tuple[int, str, str, int]]:
+    """(piece index, stem, column, offset) of every token of ``pieces`` (text, ids)."""
+    with closing(sqlite3.connect(":memory:")) as con:
+        con.execute(f"CREATE VIRTUAL TABLE t USING fts5 (text, ids, tokenize='{FTS_TOKENIZER}')")
+        con.execute("CREATE VIRTUAL TABLE v USING fts5vocab (t, 'instance')")
+        con.executemany(
+            "INSERT INTO t (rowid, text, ids) VALUES (?, ?, ?)",
+            [(n, text, ids) for n, (text, ids) in enumerate(pieces)],
+        )
+        return con.execute('SELECT doc, term, col, "offset" FROM v').fetchall()
+
+
+def count_terms(pieces: Sequence[tuple[str, str]]) -> list[Counted]:
+    """The terms of each piece (text, ids), in order."""
+    counts: list[Counter[tuple[str, str]]] = [Counter() for _ in pieces]
+    for n, term, column, _ in _instances(pieces):
+        counts[n][term, column] += 1
+    counted = []
+    for found in counts:
+        tf: dict[str, tuple[int, int]] = {}
+        for (term, column), count in sorted(found.items()):
+            text, ids = tf.get(term, (0, 0))
+            tf[term] = (text + count, ids) if column == TEXT else (text, ids + count)
+        counted.append(Counted(tf, sum(found.values())))
+    return counted
+
+
+def phrase_stems(terms: Sequence[str]) -> list[list[str]]:
+    """The stems each query term is searched by, in order: what FTS5 makes of `"term"` (most
+    are one stem; "user_id" is the phrase "user" "id"; "_" none)."""
+    stems: list[list[str]] = [[] for _ in terms]
+    for n, term, _, _ in sorted(_instances([(t, "") for t in terms]), key=_by_place):
+        stems[n].append(term)
+    return stems
+
+
+def phrase_counts(
+    phrase: Sequence[str], pieces: Sequence[tuple[str, str]]
+) -> list[tuple[int, int]]:
+    """How often ``phrase`` (stems) occurs in each piece's text and ids: consecutive tokens in
+    one column, as FTS5 matches a quoted phrase."""
+    columns: dict[tuple[int, str], dict[int, str]] = {}
+    for n, term, column, offset in _instances(pieces):
+        columns.setdefault((n, column), {})[offset] = term
+    found = [[0, 0] for _ in pieces]
+    for (n, column), at in columns.items():
+        hits = sum(
+            all(at.get(start + i) == stem for i, stem in enumerate(phrase))
+            for start, term in at.items()
+            if term == phrase[0]
+        )
+        found[n][0 if column == TEXT else 1] += hits
+    return [(text, ids) for text, ids in found]
+
+
+def _by_place(instance: tuple[int, str, str, int]) -> tuple[int, int]:
+    n, _, _, offset = instance
+    return n, offset

@@ -1,0 +1,543 @@
+"""Index runs over PostgreSQL: due users claimed across replicas, their chunks reconciled with
+their conversations, and BM25's postings and term statistics kept as FTS5 keeps its own.
+
+    users.due_at passed, no live lease -> recall_claim (FOR NO KEY UPDATE SKIP LOCKED, a lease)
+      -> one run per claimed user: the conversations whose version `indexed` does not show
+      -> their pieces (the embedded engine's _rows_of) -> embed only new or changed text
+      -> flushes of FLUSH_TEXTS pieces, each one transaction under the users-row lock that
+         checks the lease and re-checks each conversation's version
+      -> the run's end: indexed_changes, due again when writes came meanwhile, lease cleared.
+
+The pieces, their chunk keys, what counts as changed and when to flush are the embedded
+engine's (recall/engines/embedded/store.py), so both stores hold the same rows; the terms are
+FTS5's own (recall/pg/fts.py). A run renews its lease while it goes on; a replica killed (or
+stopped) mid-run leaves it to run out, and another replica claims the user and finishes: every
+flush was one transaction, and a flush whose lease is no longer its own writes nothing.
+
+Embedding and stemming run on a pool of `concurrency` threads, never on the event loop. The
+embedder is the caller's: onnxruntime runs one session from several threads, so a replica
+shares one model between recalls and index runs, as the embedded engine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import psycopg
+
+from recall.concurrency import run_in
+from recall.conversations import SOURCE_SUFFIX
+from recall.embedder import Embedder, release_freed_memory
+from recall.engines.embedded.store import (
+    Stored,
+    _Row,
+    _rows_of,
+    batch_full,
+    built_by,
+    changed_rows,
+    embed_missing,
+)
+from recall.pg.database import Connection, Database
+from recall.pg.fts import Counted, count_terms
+from recall.store import StoreUnavailable
+
+log = logging.getLogger("recall.pg.index")
+
+RETRY_SECONDS = 30.0  # a failed run's user is due again after this long (or the debounce)
+
+
+def fingerprint(embedder: Embedder) -> str:
+    """users.built_by: how the user's chunks were built (the embedded engine's schema and the
+    embedder); chunks built otherwise are dropped and rebuilt."""
+    return json.dumps(built_by(embedder), sort_keys=True)
+
+
+# --- dropping index rows (the caller holds the transaction and the users-row lock) ------------
+
+
+async def drop_conversation(conn: Connection, user_hash: str, conversation_id: str) -> int:
+    """Remove a conversation's chunks, their postings and `indexed` row, adjusting the term
+    counts and users.passages/tokens; the chunks removed."""
+    cur = await conn.execute(
+        "DELETE FROM chunks WHERE user_hash = %s AND conversation_id = %s"
+        " RETURNING id, recalled, tokens",
+        (user_hash, conversation_id),
+    )
+    dropped = await cur.fetchall()
+    await _unindex(conn, user_hash, dropped)
+    await conn.execute(
+        "DELETE FROM indexed WHERE user_hash = %s AND conversation_id = %s",
+        (user_hash, conversation_id),
+    )
+    return len(dropped)
+
+
+async def drop_user_index(conn: Connection, user_hash: str) -> int:
+    """Remove every index row of a user (chunks, postings, terms, indexed), the BM25 totals
+    reset; the chunks removed."""
+    cur = await conn.execute("DELETE FROM chunks WHERE user_hash = %s", (user_hash,))
+    removed = max(cur.rowcount, 0)
+    for table in ("postings", "terms", "indexed"):
+        await conn.execute(f"DELETE FROM {table} WHERE user_hash = %s", (user_hash,))
+    await conn.execute(
+        "UPDATE users SET passages = 0, tokens = 0 WHERE user_hash = %s", (user_hash,)
+    )
+    return removed
+
+
+async def _unindex(conn: Connection, user_hash: str, dropped: list[tuple[int, bool, int]]) -> None:
+    """The postings of chunks just deleted (id, recalled, tokens) go, and their share of the
+    term counts and of the BM25 totals."""
+    searchable = [(chunk_id, tokens) for chunk_id, recalled, tokens in dropped if not recalled]
+    if not searchable:
+        return
+    cur = await conn.execute(
+        "DELETE FROM postings WHERE user_hash = %s AND chunk_id = ANY(%s) RETURNING term",
+        (user_hash, [chunk_id for chunk_id, _ in searchable]),
+    )
+    gone = Counter(term for (term,) in await cur.fetchall())
+    await _add_terms(conn, user_hash, {term: -n for term, n in gone.items()})
+    await _add_totals(conn, user_hash, -len(searchable), -sum(t for _, t in searchable))
+
+
+async def _add_terms(conn: Connection, user_hash: str, delta: dict[str, int]) -> None:
+    """terms.docs += delta, rows that reach 0 deleted (sorted: one lock order)."""
+    terms = sorted(t for t, n in delta.items() if n)
+    if not terms:
+        return
+    await conn.execute(
+        "INSERT INTO terms (user_hash, term, docs)"
+        " SELECT %s, term, docs FROM unnest(%s::text[], %s::int[]) AS d (term, docs)"
+        " ON CONFLICT (user_hash, term) DO UPDATE SET docs = terms.docs + excluded.docs",
+        (user_hash, terms, [delta[t] for t in terms]),
+    )
+    await conn.execute(
+        "DELETE FROM terms WHERE user_hash = %s AND term = ANY(%s) AND docs <= 0",
+        (user_hash, terms),
+    )
+
+
+async def _add_totals(conn: Connection, user_hash: str, passages: int, tokens: int) -> None:
+    await conn.execute(
+        "UPDATE users SET passages = passages + %s, tokens = tokens + %s WHERE user_hash = %s",
+        (passages, tokens, user_hash),
+    )
+
+
+async def _insert(
+    conn: Connection, user_hash: str, rows: list[_Row], counted: list[Counted]
+) -> None:
+    """Write pieces with their postings, term counts and BM25 totals. Ids are given in the
+    pieces' order, as SQLite gives rowids: ties in the ranking break the same way."""
+    if not rows:
+        return
+    cur = await conn.execute(
+        "INSERT INTO chunks (user_hash, chunk, conversation_id, turn, seq, block, split, ts,"
+        " epoch, role, text, ids, digest, recalled, tokens, embedding)"
+        " SELECT %s, chunk, conv, turn, seq, block, split, ts, epoch, role, text, ids, digest,"
+        " recalled, tokens, embedding FROM unnest(%s::text[], %s::text[], %s::text[],"
+        " %s::int[], %s::int[], %s::int[], %s::text[], %s::float8[], %s::text[], %s::text[],"
+        " %s::text[], %s::text[], %s::bool[], %s::int[], %s::vector[]) WITH ORDINALITY"
+        " AS r (chunk, conv, turn, seq, block, split, ts, epoch, role, text, ids, digest,"
+        " recalled, tokens, embedding, n) ORDER BY n RETURNING conversation_id, chunk, id",
+        (
+            user_hash,
+            [r.chunk for r in rows],
+            [r.conv for r in rows],
+            [r.turn for r in rows],
+            [r.seq for r in rows],
+            [r.block for r in rows],
+            [r.split for r in rows],
+            [r.ts for r in rows],
+            [r.epoch for r in rows],
+            [r.role for r in rows],
+            [r.text for r in rows],
+            [r.ids for r in rows],
+            [r.digest for r in rows],
+            [r.recalled for r in rows],
+            [0 if r.recalled else c.tokens for r, c in zip(rows, counted, strict=True)],
+            [r.vec for r in rows],
+        ),
+    )
+    ids = {(conv, chunk): chunk_id for conv, chunk, chunk_id in await cur.fetchall()}
+    postings: list[tuple[str, int, int, int]] = []
+    delta: Counter[str] = Counter()
+    passages = tokens = 0
+    for row, terms in zip(rows, counted, strict=True):
+        if row.recalled:  # a neighbour only: no postings, not in BM25's totals
+            continue
+        chunk_id = ids[row.conv, row.chunk]
+        postings += [(term, chunk_id, tf[0], tf[1]) for term, tf in terms.tf.items()]
+        delta.update(terms.tf.keys())
+        passages += 1
+        tokens += terms.tokens
+    if postings:
+        term, chunk_id, tf_text, tf_ids = (list(column) for column in zip(*postings, strict=True))
+        await conn.execute(
+            "INSERT INTO postings (user_hash, term, chunk_id, tf_text, tf_ids)"
+            " SELECT %s, * FROM unnest(%s::text[], %s::bigint[], %s::int[], %s::int[])",
+            (user_hash, term, chunk_id, tf_text, tf_ids),
+        )
+    await _add_terms(conn, user_hash, dict(delta))
+    await _add_totals(conn, user_hash, passages, tokens)
+
+
+# --- index runs -------------------------------------------------------------------------------
+
+
+class LeaseLost(Exception):
+    """The user's lease is no longer this runner's (it ran out and another replica claimed the
+    user, or it was cleared): the run stops and writes nothing more."""
+
+
+class RunStopped(Exception):
+    """The run passed its timeout, or its renewal found the lease lost: it stops between
+    flushes (what was flushed is consistent)."""
+
+
+@dataclass
+class _Work:
+    """What one conversation needs: the version it was read at, rows to drop and to write."""
+
+    conv: str
+    version: int
+    drop: list[int]
+    write: list[_Row]
+    counted: list[Counted] = field(default_factory=list)  # the terms of each row of write
+
+
+class IndexRunner:
+    """Claims due users (on any replica, each user by one runner at a time) and indexes them,
+    ``concurrency`` users at once."""
+
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder,
+        *,
+        debounce: float,
+        concurrency: int,
+        lease_seconds: float = 30.0,
+        poll_seconds: float = 0.5,
+        timeout: float,
+    ) -> None:
+        self.db = db
+        self.embedder = embedder
+        self.debounce = debounce
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.poll_seconds = poll_seconds
+        self.timeout = timeout
+        # Names this runner in users.lease_owner (a hostname and pid: no user data).
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.wanted = fingerprint(embedder)
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="recall-pg-index")
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._runs: dict[str, asyncio.Task[None]] = {}  # user hash -> its run (strong refs)
+        self._chores: set[asyncio.Task[None]] = set()  # repairs in flight
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop())
+
+    async def close(self) -> None:
+        """Stop claiming and cancel the runs; their leases run out (another replica, or this
+        one restarted, finishes them)."""
+        tasks = [t for t in (self._loop_task, *self._runs.values(), *self._chores) if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pool.shutdown(wait=True)
+
+    def wake(self) -> None:
+        """Look for due users now (a post on this replica), not at the next poll."""
+        self._wake.set()
+
+    def repair(self, user_hash: str) -> None:
+        """A recall found the user's index unusable: rebuild it from the conversations (the
+        fingerprint cleared, so the next run drops every row first), due at once."""
+        task = asyncio.create_task(self._repair(user_hash))
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    async def _repair(self, user_hash: str) -> None:
+        try:
+            async with self.db.user(user_hash) as conn:
+                await conn.execute(
+                    "UPDATE users SET built_by = NULL, due_at = now() WHERE user_hash = %s",
+                    (user_hash,),
+                )
+        except StoreUnavailable:
+            log.warning("repair of user %s not queued: database unreachable", user_hash)
+            return
+        self.wake()
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            free = self.concurrency - len(self._runs)
+            if free > 0:
+                for user_hash in await self._claim(free):
+                    task = asyncio.create_task(self._run(user_hash))
+                    self._runs[user_hash] = task
+                    task.add_done_callback(self._finished(user_hash))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+
+    def _finished(self, user_hash: str) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            self._runs.pop(user_hash, None)
+            self._wake.set()  # a slot is free
+
+        return done
+
+    async def _claim(self, n: int) -> list[str]:
+        try:
+            async with self.db.system() as conn:
+                cur = await conn.execute(
+                    "SELECT recall_claim(%s, %s, %s, %s)",
+                    (self.owner, self.lease_seconds, self.debounce, n),
+                )
+                return [user_hash for (user_hash,) in await cur.fetchall()]
+        except StoreUnavailable:
+            return []  # the database is down: the next poll tries again
+        except psycopg.Error as exc:
+            log.warning("index claim failed: %s", type(exc).__name__)
+            return []
+
+    # -- one run ----------------------------------------------------------------------------
+
+    async def _run(self, user_hash: str) -> None:
+        lost = asyncio.Event()
+        renewal = asyncio.create_task(self._renew(user_hash, lost))
+        started = time.monotonic()
+        try:
+            changes = await self._index(user_hash, lambda: self._check(started, lost))
+        except LeaseLost:
+            log.warning("index run of user %s stopped: its lease was lost", user_hash)
+            return
+        except asyncio.CancelledError:
+            raise  # stopped (shutdown): the lease runs out, another run finishes
+        except Exception as exc:  # logged; due again after RETRY_SECONDS
+            log.warning("index run of user %s failed: %s", user_hash, _describe(exc))
+            changes = None
+        finally:
+            renewal.cancel()
+            release_freed_memory()
+        try:
+            await self._end(user_hash, changes)
+        except (StoreUnavailable, psycopg.Error) as exc:
+            log.warning("index run of user %s not recorded: %s", user_hash, _describe(exc))
+        else:
+            log.debug("index run of user %s in %.2fs", user_hash, time.monotonic() - started)
+
+    def _check(self, started: float, lost: asyncio.Event) -> None:
+        if lost.is_set():
+            raise LeaseLost
+        if time.monotonic() - started > self.timeout:
+            raise RunStopped(f"index run timed out after {self.timeout:g}s")
+
+    async def _renew(self, user_hash: str, lost: asyncio.Event) -> None:
+        """Keep the lease while the run goes on (a third of it between renewals)."""
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                async with self.db.user(user_hash) as conn:
+                    cur = await conn.execute(
+                        "UPDATE users SET lease_until = now() + make_interval(secs => %s)"
+                        " WHERE user_hash = %s AND lease_owner = %s RETURNING 1",
+                        (self.lease_seconds, user_hash, self.owner),
+                    )
+                    if await cur.fetchone() is None:
+                        lost.set()
+                        return
+            except (StoreUnavailable, psycopg.Error):
+                continue  # the flushes check the lease themselves
+
+    @asynccontextmanager
+    async def _locked(self, user_hash: str) -> AsyncIterator[Connection]:
+        """One flush transaction: the users row locked (FOR NO KEY UPDATE: forgets and other
+        flushes wait, posts go on), the lease checked to be ours and renewed."""
+        async with self.db.user(user_hash) as conn:
+            cur = await conn.execute(
+                "SELECT lease_owner FROM users WHERE user_hash = %s FOR NO KEY UPDATE",
+                (user_hash,),
+            )
+            row = await cur.fetchone()
+            if row is None or row[0] != self.owner:
+                raise LeaseLost
+            await conn.execute(
+                "UPDATE users SET lease_until = now() + make_interval(secs => %s)"
+                " WHERE user_hash = %s",
+                (self.lease_seconds, user_hash),
+            )
+            yield conn
+
+    async def _index(self, user_hash: str, check: Callable[[], None]) -> int:
+        """Bring the user's index up to date; the `changes` it covers (read at its start)."""
+        async with self.db.user(user_hash, read_only=True, repeatable=True) as conn:
+            cur = await conn.execute(
+                "SELECT changes, built_by FROM users WHERE user_hash = %s", (user_hash,)
+            )
+            changes, built = await cur.fetchone() or (0, self.wanted)
+            cur = await conn.execute(
+                "SELECT conversation_id, version FROM conversations WHERE user_hash = %s",
+                (user_hash,),
+            )
+            versions: dict[str, int] = dict(await cur.fetchall())
+            cur = await conn.execute(
+                "SELECT conversation_id, version FROM indexed WHERE user_hash = %s", (user_hash,)
+            )
+            indexed: dict[str, int] = dict(await cur.fetchall())
+        if built != self.wanted:  # another model or piece layout (or a repair): start over
+            async with self._locked(user_hash) as conn:
+                await drop_user_index(conn, user_hash)
+                await conn.execute(
+                    "UPDATE users SET built_by = %s WHERE user_hash = %s", (self.wanted, user_hash)
+                )
+            indexed = {}
+        if gone := sorted(indexed.keys() - versions.keys()):
+            async with self._locked(user_hash) as conn:
+                for conv in gone:
+                    await drop_conversation(conn, user_hash, conv)
+        # In the embedded engine's order (its source files, sorted): rows get ids in the same
+        # order as its rowids.
+        changed = sorted(
+            (conv for conv, version in versions.items() if indexed.get(conv) != version),
+            key=lambda conv: conv + SOURCE_SUFFIX,
+        )
+        pending: list[_Work] = []
+        to_embed = 0
+        for conv in changed:
+            work = await self._plan(user_hash, conv)
+            if work is None:
+                continue
+            pending.append(work)
+            to_embed += sum(1 for row in work.write if row.vec is None)
+            if batch_full(len(pending), to_embed):
+                check()
+                await self._flush(user_hash, pending)
+                pending, to_embed = [], 0
+        if pending:
+            check()
+            await self._flush(user_hash, pending)
+        return int(changes)
+
+    async def _plan(self, user_hash: str, conv: str) -> _Work | None:
+        """What one conversation needs, read in one snapshot; None when it is gone or its
+        stored body cannot be read as pieces."""
+        async with self.db.user(user_hash, read_only=True, repeatable=True) as conn:
+            cur = await conn.execute(
+                "SELECT version, body FROM conversations"
+                " WHERE user_hash = %s AND conversation_id = %s",
+                (user_hash, conv),
+            )
+            found = await cur.fetchone()
+            if found is None:
+                return None  # forgotten since the run began
+            version, body = found
+            cur = await conn.execute(
+                "SELECT chunk, id, seq, ts, role, text, recalled, digest, embedding FROM chunks"
+                " WHERE user_hash = %s AND conversation_id = %s",
+                (user_hash, conv),
+            )
+            have = {
+                chunk: Stored(chunk_id, seq, ts, role, text, recalled, digest, vec.to_numpy())
+                for chunk, chunk_id, seq, ts, role, text, recalled, digest, vec in (
+                    await cur.fetchall()
+                )
+            }
+        try:
+            # Read as the embedded engine reads a source file (read_source): a bad line fails it.
+            wanted = _rows_of(conv, [json.loads(line) for line in body.split("\n") if line.strip()])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # The conversation id is no user text; the exception may hold some.
+            log.warning("user %s: skipping unreadable conversation %s (%s)", user_hash, conv,
+                        type(exc).__name__)  # fmt: skip
+            return None
+        drop, write = changed_rows(wanted, have)
+        return _Work(conv, version, drop, write)
+
+    def _prepare(self, pending: list[_Work]) -> None:
+        """On a pool thread: embed what has no vector yet, and count each new row's terms."""
+        rows = [row for work in pending for row in work.write]
+        embed_missing(rows, self.embedder, np.asarray)
+        counted = iter(count_terms([(row.text, row.ids) for row in rows]))
+        for work in pending:
+            work.counted = [next(counted) for _ in work.write]
+
+    async def _flush(self, user_hash: str, pending: list[_Work]) -> None:
+        """Write the pending conversations in one transaction; those forgotten or rewritten
+        since they were read are left for the next run (their post bumped `changes`)."""
+        await run_in(self._pool, self._prepare, pending)
+        async with self._locked(user_hash) as conn:
+            cur = await conn.execute(
+                "SELECT conversation_id, version FROM conversations"
+                " WHERE user_hash = %s AND conversation_id = ANY(%s)",
+                (user_hash, [work.conv for work in pending]),
+            )
+            current = dict(await cur.fetchall())
+            kept = [work for work in pending if current.get(work.conv) == work.version]
+            if drop := [chunk_id for work in kept for chunk_id in work.drop]:
+                cur = await conn.execute(
+                    "DELETE FROM chunks WHERE user_hash = %s AND id = ANY(%s)"
+                    " RETURNING id, recalled, tokens",
+                    (user_hash, drop),
+                )
+                await _unindex(conn, user_hash, await cur.fetchall())
+            await _insert(
+                conn,
+                user_hash,
+                [row for work in kept for row in work.write],
+                [terms for work in kept for terms in work.counted],
+            )
+            if kept:
+                await conn.execute(
+                    "INSERT INTO indexed (user_hash, conversation_id, version)"
+                    " SELECT %s, * FROM unnest(%s::text[], %s::bigint[])"
+                    " ON CONFLICT (user_hash, conversation_id)"
+                    " DO UPDATE SET version = excluded.version",
+                    (user_hash, [w.conv for w in kept], [w.version for w in kept]),
+                )
+
+    async def _end(self, user_hash: str, changes: int | None) -> None:
+        """The run's end, when the lease is still ours: what it covered, and whether another
+        run is due (writes came meanwhile, or it failed: ``changes`` None)."""
+        async with self.db.user(user_hash) as conn:
+            if changes is None:
+                await conn.execute(
+                    "UPDATE users SET lease_owner = NULL, lease_until = NULL,"
+                    " due_at = now() + make_interval(secs => %s)"
+                    " WHERE user_hash = %s AND lease_owner = %s",
+                    (max(self.debounce, RETRY_SECONDS), user_hash, self.owner),
+                )
+                return
+            await conn.execute(
+                "UPDATE users SET indexed_changes = %s, lease_owner = NULL, lease_until = NULL,"
+                " due_at = CASE WHEN changes > %s THEN now() + make_interval(secs => %s) END"
+                " WHERE user_hash = %s AND lease_owner = %s",
+                (changes, changes, self.debounce, user_hash, self.owner),
+            )
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception for the log: its type, and its message only where it holds no user data
+    (ours, and the database's own, which name no values)."""
+    if isinstance(exc, RunStopped | StoreUnavailable):
+        return str(exc)
+    return type(exc).__name__

@@ -1,0 +1,347 @@
+"""Recall over PostgreSQL: the embedded engine's pipeline (EmbeddedEngine._search, the
+neighbours, render) through the shared ranking core, over one user's rows.
+
+    query -> Query -> its vector and its terms' FTS5 stems (a thread)
+      -> one REPEATABLE READ READ ONLY transaction:
+           users (forgets, BM25 totals, built_by) -> the terms' passage counts (`terms`)
+           -> the BM25 pool from the postings, by FTS5's own formula -> lexical (coverage)
+           -> the dense leg, exact (pgvector over the user's rows) -> nothing relevant?
+           -> order_pool -> fuse -> top_hits -> the neighbours
+      -> users.forgets read again: changed -> run again (a forget deletes its chunks in its
+         own transaction, so a fresh snapshot holds none of them)
+      -> render
+
+BM25 is FTS5's `bm25(fts, 1.0, IDS_COLUMN_WEIGHT)` (fts5_aux.c): for each query phrase,
+idf = ln((N - n + 0.5) / (n + 0.5)) (1e-6 when not above 0), f = tf in text + weight x tf in
+ids, score += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * D / avgdl)), summed in the query's
+phrase order in floating point as FTS5 sums it; ties by id, as SQLite's sorter leaves them
+(rowid order). Nothing is cached between calls: a forget on any replica is honoured at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import psycopg
+
+from recall.concurrency import run_in
+from recall.embedder import Embedder
+from recall.engines.base import EngineError, Recalled
+from recall.engines.embedded.engine import usable_cores
+from recall.engines.embedded.render import NEIGHBOURS, render
+from recall.engines.embedded.search import (
+    DENSE_WEIGHT,
+    IDS_COLUMN_WEIGHT,
+    LEXICAL_POOL,
+    LEXICAL_WEIGHT,
+    MIN_SIMILARITY,
+    Candidate,
+    Hit,
+    Lexical,
+    Pooled,
+    common_floor,
+    fuse,
+    known_counts,
+    lexical,
+    nothing_relevant,
+    order_pool,
+    searched_terms,
+    top_hits,
+)
+from recall.engines.embedded.store import Neighbour, gather_neighbours
+from recall.engines.embedded.text import Query, stem_prefixes
+from recall.pg.database import Connection, Database
+from recall.pg.fts import phrase_counts, phrase_stems
+from recall.pg.index import fingerprint
+from recall.store import MemoryState
+
+K1, B = 1.2, 0.75  # FTS5's bm25 constants (fts5_aux.c)
+TEXT_COLUMN_WEIGHT = 1.0
+# A recall re-runs when a forget committed while it read; past this many tries in a row it
+# gives up (a user forgetting without pause): RecallRaced, which the server answers softly.
+MAX_TRIES = 5
+
+Found = list[tuple[Hit, list[Neighbour]]]
+
+
+class RecallRaced(Exception):
+    """Every try of a recall overlapped a forget of the same user: nothing is returned."""
+
+
+def fts5_idf(rows: int, hits: int) -> float:
+    """FTS5's idf of a phrase found in ``hits`` of ``rows`` passages."""
+    idf = math.log((rows - hits + 0.5) / (hits + 0.5))
+    return idf if idf > 0.0 else 1e-6
+
+
+def bm25(terms: Sequence[tuple[float, float]], length: int, avgdl: float) -> float:
+    """FTS5's score of a row of ``length`` tokens: ``terms`` are the (idf, frequency) of each
+    phrase it holds, in the query's order (the sum's order: floating point is not associative)."""
+    score = 0.0
+    for idf, freq in terms:
+        score += idf * ((freq * (K1 + 1.0)) / (freq + K1 * (1 - B + B * length / avgdl)))
+    return score
+
+
+class PgSearch:
+    """Recall over one user's rows in PostgreSQL, ranked as the embedded engine ranks."""
+
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder,
+        *,
+        k: int = 3,
+        candidates: int = 8,
+        max_chars: int = 4000,
+        half_life_days: float = 0.0,
+        min_similarity: float = MIN_SIMILARITY,
+        recall_concurrency: int = 4,
+    ) -> None:
+        self.db = db
+        self.embedder = embedder
+        self.k = k
+        self.candidates = max(candidates, k)
+        self.max_chars = max_chars
+        self.half_life_days = half_life_days
+        self.min_similarity = min_similarity
+        self.wanted = fingerprint(embedder)
+        # The query's vector and stems: CPU work off the event loop, on threads of our own
+        # (no more than the cores, as the embedded engine's recalls).
+        self._pool = ThreadPoolExecutor(
+            min(recall_concurrency, usable_cores()), thread_name_prefix="recall-pg"
+        )
+
+    async def state(self, user_hash: str) -> MemoryState:
+        async with self.db.user(user_hash, read_only=True) as conn:
+            cur = await conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM conversations WHERE user_hash = %s),"
+                " EXISTS (SELECT 1 FROM users WHERE user_hash = %s AND built_by = %s)"
+                " AND EXISTS (SELECT 1 FROM indexed WHERE user_hash = %s)",
+                (user_hash, user_hash, self.wanted, user_hash),
+            )
+            stored, indexed = await cur.fetchone() or (False, False)
+        if indexed:
+            return "ready"
+        return "unindexed" if stored else "none"
+
+    async def recall(self, user_hash: str, text: str) -> Recalled:
+        """The answer for ``text`` ("" when nothing matches); EngineError when the user's index
+        cannot be searched (built by another model, or its rows do not fit the query)."""
+        if not text.strip():
+            return Recalled("")
+        query = Query.parse(text)  # once: the search and the rendering read the same analysis
+        qvec, stems = await run_in(self._pool, self._analyse, query)
+        for _ in range(MAX_TRIES):
+            forgets, found = await self._search(user_hash, query, qvec, stems)
+            answer = render(found, query, self.max_chars)
+            if await self._forgets(user_hash) == forgets:
+                return answer
+        raise RecallRaced("recall overlapped a forget on every try")
+
+    def _analyse(self, query: Query) -> tuple[np.ndarray, list[list[str]]]:
+        return self.embedder.embed([query.text])[0], phrase_stems(query.terms)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    async def _forgets(self, user_hash: str) -> int | None:
+        async with self.db.user(user_hash, read_only=True) as conn:
+            cur = await conn.execute("SELECT forgets FROM users WHERE user_hash = %s", (user_hash,))
+            row = await cur.fetchone()
+        return None if row is None else int(row[0])
+
+    async def _search(
+        self, user_hash: str, query: Query, qvec: np.ndarray, stems: list[list[str]]
+    ) -> tuple[int | None, Found]:
+        """One try, in one snapshot: the forgets it saw, and its hits with their neighbours."""
+        try:
+            async with self.db.user(user_hash, read_only=True, repeatable=True) as conn:
+                cur = await conn.execute(
+                    "SELECT forgets, built_by, passages, tokens FROM users WHERE user_hash = %s",
+                    (user_hash,),
+                )
+                row = await cur.fetchone()
+                if row is None:
+                    return None, []
+                forgets, built, passages, tokens = row
+                if passages == 0:
+                    return forgets, []
+                if built != self.wanted:
+                    raise EngineError("index built by another schema or model")
+                hits = await self._rank(conn, user_hash, query, qvec, stems, passages, tokens)
+                return forgets, await self._with_neighbours(conn, user_hash, hits)
+        except psycopg.DataError as exc:  # e.g. vectors of another dimension than the query's
+            raise EngineError(f"index unreadable: {type(exc).__name__}") from exc
+
+    async def _rank(
+        self,
+        conn: Connection,
+        user_hash: str,
+        query: Query,
+        qvec: np.ndarray,
+        stems: list[list[str]],
+        passages: int,
+        tokens: int,
+    ) -> list[Hit]:
+        """EmbeddedEngine._search over this user's rows."""
+        by_words, cosines = (
+            await self._lexical(conn, user_hash, query, qvec, stems, passages, tokens)
+            if query.terms
+            else (Lexical([], [], False), {})
+        )
+        cur = await conn.execute(
+            "SELECT id, embedding <#> %s AS distance FROM chunks"
+            " WHERE user_hash = %s AND NOT recalled ORDER BY distance, id LIMIT %s",
+            (qvec, user_hash, self.candidates),
+        )
+        nearest = await cur.fetchall()
+        by_meaning = [chunk_id for chunk_id, _ in nearest]
+        best_similarity = -nearest[0][1] if nearest else 0.0
+        if nothing_relevant(by_words, best_similarity, self.min_similarity):
+            return []
+        by_words_ranked = order_pool(by_words, cosines, candidates=self.candidates)
+        fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
+        cur = await conn.execute(
+            "SELECT id, conversation_id, turn, seq, ts, epoch, role, text, ids, "
+            " (SELECT coalesce(max(epoch), 0) FROM chunks"
+            "  WHERE user_hash = %s AND NOT recalled) AS newest"
+            " FROM chunks WHERE user_hash = %s AND id = ANY(%s)",
+            (user_hash, user_hash, list(fused)),
+        )
+        rows = await cur.fetchall()
+        newest = float(rows[0][-1]) if rows else 0.0
+        return top_hits(
+            [Candidate(*row[:8], row[8].split()) for row in rows],
+            fused,
+            k=self.k,
+            newest=newest,
+            half_life_days=self.half_life_days,
+            months=query.months,
+            ids=query.ids,
+        )
+
+    async def _lexical(
+        self,
+        conn: Connection,
+        user_hash: str,
+        query: Query,
+        qvec: np.ndarray,
+        stems: list[list[str]],
+        passages: int,
+        tokens: int,
+    ) -> tuple[Lexical, dict[int, float]]:
+        """store.lexical_leg over the postings: the query's term counts and its BM25 pool,
+        ranked by search.lexical; and the pooled rows' cosines (for order_pool)."""
+        stems_of = dict(zip(query.terms, stems, strict=True))
+        # A common word is told by its prefixes (text.common_count): only those are read.
+        probes = {prefix for term in query.terms for prefix in stem_prefixes(term)}
+        cur = await conn.execute(
+            "SELECT term, docs FROM terms WHERE user_hash = %s AND term = ANY(%s)",
+            (user_hash, sorted(probes | {s for found in stems for s in found})),
+        )
+        docs: dict[str, int] = dict(await cur.fetchall())
+        floor = common_floor(passages)
+        common = {p: docs[p] for p in probes if docs.get(p, 0) > floor}
+        counts = known_counts(query, common)
+        searched = searched_terms(query, common)
+        phrases = [stems_of[term] for term in searched]
+        # Each searched phrase: the rows holding it, with (tf in text, tf in ids).
+        cur = await conn.execute(
+            "SELECT p.term, p.chunk_id, p.tf_text, p.tf_ids, c.tokens FROM postings p"
+            " JOIN chunks c ON c.user_hash = p.user_hash AND c.id = p.chunk_id"
+            " WHERE p.user_hash = %s AND p.term = ANY(%s)",
+            (user_hash, sorted({s for phrase in phrases for s in phrase})),
+        )
+        by_stem: dict[str, dict[int, tuple[int, int]]] = {}
+        length: dict[int, int] = {}
+        for term, chunk_id, tf_text, tf_ids, row_tokens in await cur.fetchall():
+            by_stem.setdefault(term, {})[chunk_id] = (tf_text, tf_ids)
+            length[chunk_id] = row_tokens
+        held = [await self._phrase(conn, user_hash, phrase, by_stem) for phrase in phrases]
+        counts.update({t: len(h) for t, h in zip(searched, held, strict=True) if t not in counts})
+        # FTS5's BM25 over the rows that hold any searched phrase, best first, ties by id.
+        idfs = [fts5_idf(passages, len(h)) for h in held]
+        avgdl = tokens / passages
+        scores = {
+            chunk_id: bm25(
+                [
+                    (idf, tf[0] * TEXT_COLUMN_WEIGHT + tf[1] * IDS_COLUMN_WEIGHT)
+                    for idf, h in zip(idfs, held, strict=True)
+                    if (tf := h.get(chunk_id)) is not None
+                ],
+                length[chunk_id],
+                avgdl,
+            )
+            for chunk_id in {c for h in held for c in h}
+        }
+        pool = sorted(scores, key=lambda c: (-scores[c], c))[: self.candidates * LEXICAL_POOL]
+        cur = await conn.execute(
+            "SELECT id, text, ids, -(embedding <#> %s) FROM chunks"
+            " WHERE user_hash = %s AND id = ANY(%s)",
+            (qvec, user_hash, pool),
+        )
+        pooled = {row[0]: row for row in await cur.fetchall()}
+        rows = [Pooled(c, pooled[c][1], pooled[c][2].split()) for c in pool]
+        cosines = {c: float(pooled[c][3]) for c in pool}
+        return lexical(query, counts, rows, passages), cosines
+
+    async def _phrase(
+        self,
+        conn: Connection,
+        user_hash: str,
+        phrase: list[str],
+        by_stem: dict[str, dict[int, tuple[int, int]]],
+    ) -> dict[int, tuple[int, int]]:
+        """The rows holding a query phrase, with its (tf in text, tf in ids) in each. One stem
+        (nearly every query word): its postings. Several ("user_id"): the rows holding all of
+        them, the phrase counted in their text as FTS5 matches it (consecutive tokens)."""
+        if not phrase:
+            return {}
+        if len(phrase) == 1:
+            return by_stem.get(phrase[0], {})
+        rows = set.intersection(*(set(by_stem.get(s, {})) for s in phrase))
+        if not rows:
+            return {}
+        cur = await conn.execute(
+            "SELECT id, text, ids FROM chunks WHERE user_hash = %s AND id = ANY(%s) ORDER BY id",
+            (user_hash, sorted(rows)),
+        )
+        found = await cur.fetchall()
+        counted = phrase_counts(phrase, [(text, ids) for _, text, ids in found])
+        return {row[0]: tf for row, tf in zip(found, counted, strict=True) if tf != (0, 0)}
+
+    async def _with_neighbours(self, conn: Connection, user_hash: str, hits: list[Hit]) -> Found:
+        """Each hit with up to NEIGHBOURS turns before and after it (store.neighbours)."""
+        if not hits:
+            return []
+        # Two hits of one conversation may share neighbours: each piece once (by its id).
+        cur = await conn.execute(
+            "SELECT DISTINCT c.id, c.conversation_id, c.seq, c.block, c.split, c.role, c.text,"
+            " c.recalled FROM unnest(%s::text[], %s::int[]) AS h (conv, seq)"
+            " JOIN chunks c ON c.user_hash = %s AND c.conversation_id = h.conv"
+            " AND c.seq BETWEEN h.seq - %s AND h.seq + %s"
+            " ORDER BY c.conversation_id, c.seq, c.block, c.split, c.id",
+            ([h.conv for h in hits], [h.seq for h in hits], user_hash, NEIGHBOURS, NEIGHBOURS),
+        )
+        around: dict[str, list[Any]] = {}
+        for _, conv, seq, _, _, role, text, recalled in await cur.fetchall():
+            around.setdefault(conv, []).append((seq, role, text, recalled))
+        return [
+            (
+                hit,
+                gather_neighbours(
+                    hit.seq,
+                    (
+                        p
+                        for p in around.get(hit.conv, [])
+                        if p[0] != hit.seq and abs(p[0] - hit.seq) <= NEIGHBOURS
+                    ),
+                ),
+            )
+            for hit in hits
+        ]
