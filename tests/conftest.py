@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pg import NoPostgres, PgDatabase, PgServer
 
 from recall import testing
 from recall.testing import LocalServer
@@ -111,3 +112,25 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> N
 def tree(path: Path) -> list[str]:
     """Everything under a directory, for 'nothing was written' checks."""
     return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One PostgreSQL 18 + pgvector for the session (tests/pg.py): `.owner_url`, `.app_url`,
+    `.stop()` / `.start()`; skipped, with the reason, where none can start."""
+    server = PgServer()
+    try:
+        server.start()
+    except NoPostgres as exc:
+        server.cleanup()
+        pytest.skip(f"no PostgreSQL for these tests: {exc}")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def pg_database(pg_server: PgServer) -> Iterator[PgDatabase]:
+    """A fresh migrated database for one test: `.owner_url`, `.app_url`, `.superuser_url`."""
+    database = pg_server.new_database()
+    yield database
+    pg_server.drop_database(database.name)

@@ -1,12 +1,25 @@
-"""Versioned migrations and the start-up check of the schema version.
+"""Versioned migrations, the app role's grants, and the start-up check of the schema.
 
 `recall-server migrate` (DATABASE_URL naming the tables' owner) applies what is missing under
-an advisory lock, so two replicas starting at once apply each migration once. The server itself
-connects as another role (not the owner, not a superuser: row-level security binds it) and
-refuses, with one line, a schema it does not know.
+an advisory lock, so two replicas starting at once apply each migration once, then grants the
+app role what the server needs (rows, sequences, the cross-user functions; no ownership, no
+DDL). The server connects as that role (not the owner, not a superuser, no BYPASSRLS: row-level
+security binds it) and refuses, with one line, a schema it does not know.
+
+Everything lives in the `public` schema: migrate pins its own search_path there, and the
+SECURITY DEFINER functions pin theirs, so a role's own search_path cannot redirect them.
 """
 
 from __future__ import annotations
+
+import logging
+
+import psycopg
+from psycopg import sql
+
+from recall.settings import ConfigError
+
+log = logging.getLogger("recall")
 
 SCHEMA_VERSION = 1  # the newest migration this server knows
 MIGRATE_LOCK = 0x7265_6361_6C6C  # "recall": the advisory lock migrations run under
@@ -14,6 +27,7 @@ APP_ROLE = "recall_app"  # the role the server connects as, granted what it need
 USER_SETTING = "recall.user_hash"  # SET LOCAL per transaction; every policy reads it
 
 # Every table that holds a user's data: keyed by user_hash first, row-level security forced.
+# (Migration 1's: a table added later gets its policies and grants in its own migration.)
 USER_TABLES = (
     "users",
     "conversations",
@@ -26,6 +40,95 @@ USER_TABLES = (
     "postings",
     "terms",
 )
+# No user data: every replica reads them; the app role may add a server key, not change one.
+SHARED_TABLES = {"server_keys": "SELECT, INSERT", "recall_schema": "SELECT"}
+SEQUENCES = ("conversation_versions", "receipts_seq_seq", "audit_seq_seq", "chunks_id_seq")
+# The only cross-user reads: SECURITY DEFINER, owned by the owner, hashes/ids/counts only.
+FUNCTIONS = (
+    "recall_claim(text, double precision, double precision, integer)",
+    "recall_index_lag(double precision)",
+    "recall_indexing()",
+    "recall_expired(timestamptz)",
+    "recall_users()",
+)
+
+
+class MigrationError(Exception):
+    """`recall-server migrate` cannot bring the schema up to date; the message says why."""
+
+
+def _isolation(tables: tuple[str, ...]) -> str:
+    """Row-level security, forced, on each user table: a row is visible and writable only in a
+    transaction whose `recall.user_hash` is its user's. The `definer` policy lets the owner (the
+    migration's role) see all rows: it is what the SECURITY DEFINER functions and `import` run
+    as; the server never connects as it (check_schema refuses that)."""
+    mine = f"user_hash = current_setting('{USER_SETTING}', true)"
+    return "".join(
+        f"ALTER TABLE {t} ENABLE ROW LEVEL SECURITY;\n"
+        f"ALTER TABLE {t} FORCE ROW LEVEL SECURITY;\n"
+        f"CREATE POLICY tenant ON {t} USING ({mine}) WITH CHECK ({mine});\n"
+        f"CREATE POLICY definer ON {t} TO CURRENT_USER USING (true) WITH CHECK (true);\n"
+        for t in tables
+    )
+
+
+_SHARED_V1 = "".join(
+    f"ALTER TABLE {t} ENABLE ROW LEVEL SECURITY;\n"
+    f"ALTER TABLE {t} FORCE ROW LEVEL SECURITY;\n"
+    f"CREATE POLICY shared ON {t} USING (true) WITH CHECK (true);\n"
+    for t in SHARED_TABLES
+)
+
+_DEFINER = "LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp"
+
+_FUNCTIONS_V1 = f"""
+-- The index queue, across users: due users (due_at passed, no live lease) leased to `owner`,
+-- oldest due first. Rows another transaction holds (an erase, another replica's claim) are
+-- skipped; posts (FOR KEY SHARE) do not hold a claim up. A run that died leaves due_at set: its
+-- user is claimable again once the lease runs out. (debounce_seconds: the callers' signature;
+-- the debounce is already in due_at.)
+CREATE FUNCTION recall_claim(owner text, lease_seconds double precision,
+                             debounce_seconds double precision, n integer)
+RETURNS SETOF text {_DEFINER} AS $$
+    UPDATE users SET lease_owner = owner, lease_until = now() + make_interval(secs => lease_seconds)
+    WHERE user_hash IN (
+        SELECT user_hash FROM users
+        WHERE due_at <= now() AND (lease_until IS NULL OR lease_until < now())
+        ORDER BY due_at
+        LIMIT n
+        FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING user_hash;
+$$;
+-- /metrics: users queued that no run holds, and how long the oldest has waited since its first
+-- unindexed write (due_at is that write + the debounce; pass the debounce to count from it).
+CREATE FUNCTION recall_index_lag(debounce_seconds double precision DEFAULT 0)
+RETURNS TABLE (users bigint, oldest_seconds double precision) {_DEFINER} AS $$
+    SELECT count(*), coalesce(greatest(0, extract(epoch FROM now() - min(due_at))
+                                          + debounce_seconds), 0)::double precision
+    FROM users
+    WHERE due_at IS NOT NULL AND (lease_until IS NULL OR lease_until < now());
+$$;
+-- Users with an index run due or going on.
+CREATE FUNCTION recall_indexing() RETURNS bigint {_DEFINER} AS $$
+    SELECT count(*) FROM users WHERE due_at IS NOT NULL OR lease_until > now();
+$$;
+-- Retention: the conversations whose last turn is older than the cutoff.
+CREATE FUNCTION recall_expired(cutoff timestamptz)
+RETURNS TABLE (user_hash text, conversation_id text) {_DEFINER} AS $$
+    SELECT c.user_hash, c.conversation_id FROM conversations c WHERE c.last_ts < cutoff
+    ORDER BY 1, 2;
+$$;
+-- Every user with a row (audit pruning walks them).
+CREATE FUNCTION recall_users() RETURNS SETOF text {_DEFINER} AS $$
+    SELECT user_hash FROM users ORDER BY 1;
+$$;
+""" + "".join(f"REVOKE ALL ON FUNCTION {f} FROM PUBLIC;\n" for f in FUNCTIONS)
+
+_QUEUE_INDEXES_V1 = """
+-- The queue and retention read across users: small indexes keep them off a full scan.
+CREATE INDEX users_due ON users (due_at) WHERE due_at IS NOT NULL;
+CREATE INDEX conversations_by_age ON conversations (last_ts);
+"""
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -148,5 +251,153 @@ CREATE TABLE recall_schema (
     version integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT now()
 );
-""",
+"""
+    + _QUEUE_INDEXES_V1
+    + _isolation(USER_TABLES)
+    + _SHARED_V1
+    + _FUNCTIONS_V1,
 }
+
+
+async def migrate(owner_url: str, app_role: str = APP_ROLE) -> list[int]:
+    """Apply the migrations the database lacks, as the tables' owner, and grant ``app_role``
+    what the server needs; the versions applied (none when up to date). Two runs at once are
+    safe: they take turns under one advisory lock, and the second finds nothing to do."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(owner_url, autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise MigrationError(f"cannot connect to the database: {_reason(exc)}") from exc
+    async with conn:
+        await conn.execute("SET search_path = public")
+        await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
+        try:
+            await _ensure_app_role(conn, app_role)
+            await _ensure_pgvector(conn)
+            applied = []
+            current = await _version(conn)
+            for version in sorted(v for v in MIGRATIONS if v > current):
+                async with conn.transaction():
+                    await conn.execute(MIGRATIONS[version].encode())
+                    await conn.execute(
+                        "INSERT INTO recall_schema (version) VALUES (%s)", (version,)
+                    )
+                applied.append(version)
+            async with conn.transaction():
+                await _grant(conn, app_role)
+        except psycopg.Error as exc:
+            raise MigrationError(f"migration failed: {_reason(exc)}") from exc
+    # (the advisory lock is the session's: it went with the connection)
+    return applied
+
+
+async def _version(conn: psycopg.AsyncConnection) -> int:
+    """The newest migration applied (0: none; the table itself is migration 1's)."""
+    cur = await conn.execute("SELECT to_regclass('public.recall_schema') IS NOT NULL")
+    if not (await cur.fetchone() or (False,))[0]:
+        return 0
+    cur = await conn.execute("SELECT coalesce(max(version), 0) FROM public.recall_schema")
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _ensure_app_role(conn: psycopg.AsyncConnection, app_role: str) -> None:
+    cur = await conn.execute("SELECT current_user = %s", (app_role,))
+    if (row := await cur.fetchone()) and row[0]:
+        raise MigrationError(
+            f"--app-role {app_role} is the role migrate runs as (the tables' owner): the server "
+            "must connect as another role, which row-level security binds"
+        )
+    cur = await conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (app_role,))
+    if await cur.fetchone():
+        return
+    try:
+        await conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(app_role)))
+    except psycopg.errors.DuplicateObject:
+        return  # another database's migrate made it meanwhile (roles are cluster-wide)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise MigrationError(
+            f"role {app_role} does not exist and this role may not create it: create it "
+            f"(CREATE ROLE {app_role} LOGIN PASSWORD '...') and run migrate again"
+        ) from exc
+    log.warning(
+        "created role %s NOLOGIN: let the server connect as it with "
+        "ALTER ROLE %s LOGIN PASSWORD '...'",
+        app_role,
+        app_role,
+    )
+
+
+async def _ensure_pgvector(conn: psycopg.AsyncConnection) -> None:
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except psycopg.Error as exc:
+        raise MigrationError(
+            f"pgvector: CREATE EXTENSION vector failed ({_reason(exc)}): install pgvector on the "
+            "database server, or have a superuser run CREATE EXTENSION vector in this database"
+        ) from exc
+
+
+async def _grant(conn: psycopg.AsyncConnection, app_role: str) -> None:
+    """What the server needs, on every run (idempotent): rows of the user tables, reading the
+    shared ones, the sequences, the cross-user functions. No TRUNCATE (it skips row-level
+    security), no REFERENCES or TRIGGER, nothing it could own."""
+    role = sql.Identifier(app_role)
+    tables = sql.SQL(", ").join(map(sql.Identifier, USER_TABLES))
+    statements = [
+        sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role),
+        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(tables, role),
+        *(
+            sql.SQL("GRANT {} ON {} TO {}").format(sql.SQL(rights), sql.Identifier(t), role)
+            for t, rights in SHARED_TABLES.items()
+        ),
+        sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(
+            sql.SQL(", ").join(map(sql.Identifier, SEQUENCES)), role
+        ),
+        *(
+            sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(f), role)
+            for f in FUNCTIONS
+        ),
+    ]
+    for statement in statements:
+        await conn.execute(statement)
+
+
+def _reason(exc: psycopg.Error) -> str:
+    """The server's (or libpq's) first line: it names roles and hosts, never a password."""
+    text = (exc.diag.message_primary or str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+async def check_schema(conn: psycopg.AsyncConnection) -> None:
+    """Refuse, with one line, to serve from this connection's database: no schema or an older
+    one (run migrate), a newer one (upgrade the server), or a role row-level security would not
+    bind (a superuser, BYPASSRLS, the tables' owner or a member of it)."""
+    cur = await conn.execute(
+        "SELECT current_user, rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user"
+    )
+    role, superuser, bypass = await cur.fetchone() or ("?", False, False)
+    unbound = f"DATABASE_URL's role {role} {{}}: row-level security would not bind it; " + (
+        f"connect as the app role ({APP_ROLE}, see recall-server migrate)"
+    )
+    if superuser:
+        raise ConfigError(unbound.format("is a superuser"))
+    if bypass:
+        raise ConfigError(unbound.format("has BYPASSRLS"))
+    version = await _version(conn)
+    if version < SCHEMA_VERSION:
+        state = "has no recall schema" if version == 0 else f"has schema version {version}"
+        raise ConfigError(
+            f"the database {state}, this server needs {SCHEMA_VERSION}: run recall-server "
+            "migrate (DATABASE_URL naming the tables' owner)"
+        )
+    if version > SCHEMA_VERSION:
+        raise ConfigError(
+            f"the database has schema version {version}, newer than this server's "
+            f"({SCHEMA_VERSION}): upgrade the server"
+        )
+    cur = await conn.execute(
+        "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class "
+        "WHERE oid = 'public.users'::regclass"
+    )
+    if (row := await cur.fetchone()) and row[0]:
+        raise ConfigError(unbound.format("owns the tables (or is a member of their owner)"))

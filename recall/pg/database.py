@@ -1,0 +1,116 @@
+"""The connection pool, one transaction per unit of work, and what a database fault becomes.
+
+Every user's work runs in a transaction that first did `set_config('recall.user_hash', ...,
+true)` (SET LOCAL): row-level security then shows and accepts that user's rows only, on top of
+each query's own `WHERE user_hash = %s`. The pool is bounded, opens while the database is down
+(a replica starts anyway, /readyz says "database"), and reconnects by itself when it returns.
+A fault of the connection (refused, cut, a pool wait that ran out) is `StoreUnavailable`: the
+routes answer 503, the tool fails soft. A conflict (serialization, deadlock) is not a fault and
+passes as psycopg raised it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from pgvector.psycopg import register_vector_async
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from recall.pg.schema import USER_SETTING
+from recall.store import StoreUnavailable
+
+UNREACHABLE = "database unreachable"
+WAIT_SECONDS = 5.0  # a request waits this long for a connection, then 503
+CHECK_SECONDS = 2.0  # /readyz answers sooner than a request gives up
+CONNECT_SECONDS = 5  # one connection attempt (a host that drops packets never refuses)
+# A lost connection is retried with backoff (1 s, 2 s, 4 s ...) for this long; past it the
+# pool stops retrying on its own and the next request starts a fresh attempt at once, so a
+# long outage is not followed by a long backoff.
+RECONNECT_SECONDS = 10.0
+
+Connection = psycopg.AsyncConnection[Any]
+
+
+class Database:
+    def __init__(self, url: str, size: int) -> None:
+        self._pool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=size,
+            open=False,
+            timeout=WAIT_SECONDS,
+            reconnect_timeout=RECONNECT_SECONDS,
+            # autocommit: every unit of work opens its own transaction (conn.transaction()),
+            # so none is left open between them
+            kwargs={"autocommit": True, "connect_timeout": CONNECT_SECONDS},
+            configure=_configure,
+            # a connection cut while idle (the database restarted) is found at checkout and
+            # replaced, rather than failing the request that drew it
+            check=AsyncConnectionPool.check_connection,
+            name="recall",
+        )
+
+    async def open(self) -> None:
+        """Start the pool without waiting for a connection: the server starts while the
+        database is down, and requests succeed once it is up."""
+        await self._pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def user(
+        self, user_hash: str, *, read_only: bool = False, repeatable: bool = False
+    ) -> AsyncIterator[Connection]:
+        """One transaction for one user's work: committed when the block ends, rolled back when
+        it raises. ``repeatable``: one snapshot for all its queries (REPEATABLE READ);
+        ``read_only``: no writes."""
+        modes = [
+            *(["ISOLATION LEVEL REPEATABLE READ"] if repeatable else []),
+            *(["READ ONLY"] if read_only else []),
+        ]
+        async with self._transaction() as conn:
+            if modes:  # first in the transaction, or it does not apply
+                await conn.execute("SET TRANSACTION " + ", ".join(modes))
+            await conn.execute("SELECT set_config(%s, %s, true)", (USER_SETTING, user_hash))
+            yield conn
+
+    @asynccontextmanager
+    async def system(self) -> AsyncIterator[Connection]:
+        """One transaction with no user: row-level security shows it no user's rows; what it
+        may do across users goes through the SECURITY DEFINER functions."""
+        async with self._transaction() as conn:
+            yield conn
+
+    async def check(self) -> str | None:
+        """None when the database answers, else "database" (GET /readyz)."""
+        try:
+            async with self._pool.connection(timeout=CHECK_SECONDS) as conn:
+                await conn.execute("SELECT 1")
+        except (psycopg.Error, PoolTimeout):
+            return "database"
+        return None
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Connection]:
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                yield conn
+        except PoolTimeout as exc:
+            raise StoreUnavailable(UNREACHABLE) from exc
+        except psycopg.errors.TransactionRollback:
+            raise  # a conflict between transactions: the database is there
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(UNREACHABLE) from exc
+
+
+async def _configure(conn: Connection) -> None:
+    """Each new connection: pgvector's adapter, when the database has the extension (a numpy
+    array parameter is sent as a vector; a column reads back as a `pgvector.Vector`:
+    `.to_numpy()`)."""
+    cur = await conn.execute("SELECT to_regtype('vector') IS NOT NULL")
+    if (row := await cur.fetchone()) and row[0]:
+        await register_vector_async(conn)
