@@ -312,6 +312,20 @@ async def test_a_tombstone_holds_keyed_digests_of_the_forgotten_turns_and_no_tex
     assert SECRET not in everything and "Noted" not in everything and "alice" not in everything
 
 
+async def test_replicas_racing_to_make_the_tombstone_key_agree_on_one(
+    replicas: tuple[PgStore, PgStore], owner: psycopg.AsyncConnection[Any]
+) -> None:
+    # Given no tombstone key yet, when two replicas need one at once (forgets of two users)
+    a, b = replicas
+    await seed(a, "alice")
+    await seed(b, "bob")
+    await asyncio.gather(a.forget(ALICE, "secret", "request"), b.forget(BOB, "secret", "request"))
+
+    # Then both made their digests under the one key there is
+    assert len(await rows(owner, "SELECT key_id FROM server_keys")) == 1
+    assert len(await rows(owner, "SELECT DISTINCT key_id FROM tombstones")) == 1
+
+
 async def test_forget_of_an_unknown_conversation_is_not_found_and_writes_nothing(
     store: PgStore, owner: psycopg.AsyncConnection[Any]
 ) -> None:
