@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import conversation, turn
+from pg import PgDatabase
 
 from recall.conversations import parse_conversation, user_dir_name
 from recall.lifecycle import Forgotten, NotDue, NotFound, expired, turn_digest
@@ -34,7 +35,7 @@ def later(minutes: int = 1) -> str:
 
 
 @pytest.fixture
-async def replicas(pg_database: Any) -> AsyncIterator[tuple[PgStore, PgStore]]:
+async def replicas(pg_database: PgDatabase) -> AsyncIterator[tuple[PgStore, PgStore]]:
     """Two stores on one database: two replicas of the server."""
     stores = (PgStore(Database(pg_database.app_url, 4), 0.1) for _ in range(2))
     opened = []
@@ -52,7 +53,7 @@ def store(replicas: tuple[PgStore, PgStore]) -> PgStore:
 
 
 @pytest.fixture
-async def owner(pg_database: Any) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+async def owner(pg_database: PgDatabase) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A connection as the tables' owner (autocommit): what the database holds, whatever RLS."""
     async with await psycopg.AsyncConnection.connect(pg_database.owner_url, autocommit=True) as c:
         yield c
@@ -396,7 +397,7 @@ async def test_a_forget_racing_posts_on_other_replicas_never_lets_the_text_back(
 
 
 async def test_a_forget_and_a_post_meeting_an_index_flush_do_not_deadlock(
-    replicas: tuple[PgStore, PgStore], owner: psycopg.AsyncConnection[Any], pg_database: Any
+    replicas: tuple[PgStore, PgStore], owner: psycopg.AsyncConnection[Any], pg_database: PgDatabase
 ) -> None:
     # Given an index flush holding the user's row (FOR NO KEY UPDATE), a forget waiting for it,
     # and a post of the same conversation arriving meanwhile, held at its conversation's row
@@ -426,7 +427,7 @@ async def test_a_forget_and_a_post_meeting_an_index_flush_do_not_deadlock(
     assert await stored(a, "alice", "secret") == [(0, "More.")]
 
 
-async def test_a_store_of_one_connection_forgets_and_erases(pg_database: Any) -> None:
+async def test_a_store_of_one_connection_forgets_and_erases(pg_database: PgDatabase) -> None:
     # Given a replica whose pool holds one connection, and no tombstone key made yet
     store = PgStore(Database(pg_database.app_url, 1), 0.1)
     await store.start()
@@ -646,7 +647,7 @@ async def test_a_store_starts_while_the_database_is_down_and_fails_its_calls_as_
         await store.close()
 
 
-async def test_a_store_refuses_to_start_as_the_tables_owner(pg_database: Any) -> None:
+async def test_a_store_refuses_to_start_as_the_tables_owner(pg_database: PgDatabase) -> None:
     store = PgStore(Database(pg_database.owner_url, 1), 0.1)
     try:
         with pytest.raises(ConfigError, match="owns the tables"):
