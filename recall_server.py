@@ -121,6 +121,10 @@ usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, G
                                      /readyz, /metrics and POST /forget, /erase, /receipts, /audit
        recall-server backfill FILE   import a history in bulk while the server is stopped
                                      (recall-server backfill --help)
+       recall-server migrate         STORE=postgres: create or upgrade the schema, as the
+                                     tables' owner (recall-server migrate --help)
+       recall-server import DATA_DIR load a files store into PostgreSQL; export --user USER
+                                     --out DIR writes one user's conversations back as files
        recall-server --help          this text
 
 Settings are environment variables (default after =):
@@ -436,6 +440,14 @@ def main() -> None:
         from recall.backfill import main as backfill
 
         sys.exit(backfill(arguments[1:]))
+    if arguments[:1] == ["migrate"]:  # STORE=postgres: the schema, as the tables' owner
+        from recall.pg.schema import main as migrate
+
+        sys.exit(migrate(arguments[1:]))
+    if arguments[:1] in (["import"], ["export"]):  # STORE=postgres: a files store in, a user out
+        from recall.pg.transfer import main as transfer
+
+        sys.exit(transfer(arguments))
     if arguments[:1] in (["--help"], ["-h"]):  # before the settings: help needs none of them
         print(USAGE + settings_help())
         return

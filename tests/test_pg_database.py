@@ -127,6 +127,19 @@ async def test_a_connection_cut_mid_transaction_is_store_unavailable(
         assert await count(conn, "users") == 0
 
 
+async def test_a_lock_refused_is_not_the_database_being_away(db: Database) -> None:
+    # given alice's row locked by one transaction
+    await add_user(db, ALICE)
+    async with db.user(ALICE) as holder:
+        await holder.execute("SELECT 1 FROM users WHERE user_hash = %s FOR UPDATE", (ALICE,))
+        # when another asks for it with NOWAIT, then it gets psycopg's refusal, not a 503
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            async with db.user(ALICE) as other:
+                await other.execute(
+                    "SELECT 1 FROM users WHERE user_hash = %s FOR UPDATE NOWAIT", (ALICE,)
+                )
+
+
 async def test_the_pool_opens_while_the_database_is_down_and_recovers(
     pg_server: PgServer, pg_database: PgDatabase
 ) -> None:

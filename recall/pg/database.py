@@ -4,9 +4,10 @@ Every user's work runs in a transaction that first did `set_config('recall.user_
 true)` (SET LOCAL): row-level security then shows and accepts that user's rows only, on top of
 each query's own `WHERE user_hash = %s`. The pool is bounded, opens while the database is down
 (a replica starts anyway, /readyz says "database"), and reconnects by itself when it returns.
-A fault of the connection (refused, cut, a pool wait that ran out) is `StoreUnavailable`: the
-routes answer 503, the tool fails soft. A conflict (serialization, deadlock) is not a fault and
-passes as psycopg raised it.
+A fault of the connection (refused, cut, the server shutting down or out of connections, a pool
+wait that ran out) is `StoreUnavailable`: the routes answer 503, the tool fails soft. Anything
+else (a serialization failure, a deadlock, NOWAIT's or a timeout's refusal, a constraint) is not
+the database being away and passes as psycopg raised it.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ UNREACHABLE = "database unreachable"
 WAIT_SECONDS = 5.0  # a request waits this long for a connection, then 503
 CHECK_SECONDS = 2.0  # /readyz answers sooner than a request gives up
 CONNECT_SECONDS = 5  # one connection attempt (a host that drops packets never refuses)
-# A lost connection is retried with backoff (1 s, 2 s, 4 s ...) for this long; past it the
-# pool stops retrying on its own and the next request starts a fresh attempt at once, so a
-# long outage is not followed by a long backoff.
-RECONNECT_SECONDS = 10.0
+# A lost connection is retried with backoff (1 s, then 2 s ...) for this long; past it the pool
+# stops retrying on its own and each request starts a fresh attempt at once, so the first
+# request after an outage of any length finds the database (no backoff grown meanwhile).
+RECONNECT_SECONDS = 4.0
 
 Connection = psycopg.AsyncConnection[Any]
 
@@ -101,10 +102,17 @@ class Database:
                 yield conn
         except PoolTimeout as exc:
             raise StoreUnavailable(UNREACHABLE) from exc
-        except psycopg.errors.TransactionRollback:
-            raise  # a conflict between transactions: the database is there
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(UNREACHABLE) from exc
+            if _away(exc):
+                raise StoreUnavailable(UNREACHABLE) from exc
+            raise
+
+
+def _away(exc: psycopg.OperationalError) -> bool:
+    """Whether the error is the database being out of reach: libpq's own (no SQLSTATE: refused,
+    cut), a connection exception (08), insufficient resources (53: too many connections), the
+    server going down (57P), a system error (58)."""
+    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "53", "57P", "58"))
 
 
 async def _configure(conn: Connection) -> None:

@@ -12,7 +12,12 @@ SECURITY DEFINER functions pin theirs, so a role's own search_path cannot redire
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import hashlib
 import logging
+import os
+import sys
 
 import psycopg
 from psycopg import sql
@@ -94,7 +99,7 @@ RETURNS SETOF text {_DEFINER} AS $$
     WHERE user_hash IN (
         SELECT user_hash FROM users
         WHERE due_at <= now() AND (lease_until IS NULL OR lease_until < now())
-        ORDER BY due_at
+        ORDER BY due_at, user_hash
         LIMIT n
         FOR NO KEY UPDATE SKIP LOCKED)
     RETURNING user_hash;
@@ -263,10 +268,7 @@ async def migrate(owner_url: str, app_role: str = APP_ROLE) -> list[int]:
     """Apply the migrations the database lacks, as the tables' owner, and grant ``app_role``
     what the server needs; the versions applied (none when up to date). Two runs at once are
     safe: they take turns under one advisory lock, and the second finds nothing to do."""
-    try:
-        conn = await psycopg.AsyncConnection.connect(owner_url, autocommit=True)
-    except psycopg.OperationalError as exc:
-        raise MigrationError(f"cannot connect to the database: {_reason(exc)}") from exc
+    conn = await connect(owner_url)
     async with conn:
         await conn.execute("SET search_path = public")
         await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
@@ -362,10 +364,42 @@ async def _grant(conn: psycopg.AsyncConnection, app_role: str) -> None:
         await conn.execute(statement)
 
 
+async def connect(url: str) -> psycopg.AsyncConnection:
+    """One autocommit connection for a command; MigrationError, in one line naming no
+    password, when there is none."""
+    try:
+        return await psycopg.AsyncConnection.connect(url, autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise MigrationError(f"cannot connect to the database: {_reason(exc)}") from exc
+    except psycopg.Error as exc:  # libpq's parse errors may quote the URL: never shown
+        raise MigrationError("DATABASE_URL is not a PostgreSQL connection URL") from exc
+
+
+def key_id(key: bytes) -> str:
+    """How server_keys names a tombstone key: the first 8 hex digits of its SHA-256."""
+    return hashlib.sha256(key).hexdigest()[:8]
+
+
 def _reason(exc: psycopg.Error) -> str:
     """The server's (or libpq's) first line: it names roles and hosts, never a password."""
     text = (exc.diag.message_primary or str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+async def check_version(conn: psycopg.AsyncConnection) -> None:
+    """ConfigError, in one line, unless the database has exactly this server's schema."""
+    version = await _version(conn)
+    if version < SCHEMA_VERSION:
+        state = "has no recall schema" if version == 0 else f"has schema version {version}"
+        raise ConfigError(
+            f"the database {state}, this server needs {SCHEMA_VERSION}: run recall-server "
+            "migrate (DATABASE_URL naming the tables' owner)"
+        )
+    if version > SCHEMA_VERSION:
+        raise ConfigError(
+            f"the database has schema version {version}, newer than this server's "
+            f"({SCHEMA_VERSION}): upgrade the server"
+        )
 
 
 async def check_schema(conn: psycopg.AsyncConnection) -> None:
@@ -383,21 +417,43 @@ async def check_schema(conn: psycopg.AsyncConnection) -> None:
         raise ConfigError(unbound.format("is a superuser"))
     if bypass:
         raise ConfigError(unbound.format("has BYPASSRLS"))
-    version = await _version(conn)
-    if version < SCHEMA_VERSION:
-        state = "has no recall schema" if version == 0 else f"has schema version {version}"
-        raise ConfigError(
-            f"the database {state}, this server needs {SCHEMA_VERSION}: run recall-server "
-            "migrate (DATABASE_URL naming the tables' owner)"
-        )
-    if version > SCHEMA_VERSION:
-        raise ConfigError(
-            f"the database has schema version {version}, newer than this server's "
-            f"({SCHEMA_VERSION}): upgrade the server"
-        )
+    await check_version(conn)
     cur = await conn.execute(
         "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class "
         "WHERE oid = 'public.users'::regclass"
     )
     if (row := await cur.fetchone()) and row[0]:
         raise ConfigError(unbound.format("owns the tables (or is a member of their owner)"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="recall-server migrate",
+        description="Create or upgrade the PostgreSQL schema (STORE=postgres) and grant the app "
+        "role what the server needs. DATABASE_URL names the tables' owner (not the app role). "
+        "Safe to run again, and from several replicas at once.",
+        epilog="Exit status: 0 the schema is up to date; 1 it could not be brought up to date; "
+        "2 no DATABASE_URL.",
+    )
+    parser.add_argument(
+        "--app-role",
+        default=APP_ROLE,
+        help=f"the role the servers connect as (default {APP_ROLE}); made NOLOGIN if missing",
+    )
+    args = parser.parse_args(argv)
+    if not (url := os.environ.get("DATABASE_URL")):
+        print("recall-server migrate: set DATABASE_URL to the tables' owner", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="recall-server migrate: %(message)s")
+    try:
+        applied = asyncio.run(migrate(url, args.app_role))
+    except MigrationError as exc:
+        print(f"recall-server migrate: {exc}", file=sys.stderr)
+        return 1
+    done = f"applied {', '.join(map(str, applied))}" if applied else "up to date"
+    print(
+        f"recall-server migrate: schema version {SCHEMA_VERSION}, {done}; "
+        f"role {args.app_role} granted",
+        file=sys.stderr,
+    )
+    return 0

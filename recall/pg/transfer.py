@@ -1,0 +1,366 @@
+"""`recall-server import DATA_DIR` and `recall-server export --user USER --out DIR`.
+
+Import loads a files store into PostgreSQL (DATABASE_URL, the owner's or the app role's), one
+transaction per user, so an interrupted import resumes where it stopped and a second run changes
+nothing. Per user: the conversations as stored (bodies already validated and redacted: byte for
+byte), the tombstones (digests under the files store's key, which joins server_keys under its
+key_id; the time rules from before digests into tombstone_times, the erasure's as '*'), the
+receipts and the audit; then the user is due for indexing. What is already in PostgreSQL wins
+where it is newer: a conversation there with a later last turn (or as late, and as long) is
+kept, and one forgotten there since (tombstones the files store does not have) is left out.
+The user's row is locked FOR UPDATE meanwhile, so posts and forgets of that user on a live
+replica wait for it and then see it.
+
+Export writes one user's conversations as `<conversation_id>.funes.jsonl`, the stored bodies
+byte for byte, into a directory funes can be pointed at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import astuple, dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from recall import audit
+from recall.conversations import PRIVATE_DIR, SOURCE_SUFFIX, private_file, user_dir_name
+from recall.lifecycle import (
+    EVERYTHING,
+    KEYS_DIR,
+    RECEIPTS_DIR,
+    TOMBSTONE_KEY,
+    list_receipts,
+    read_tombstones,
+    tombstone_key,
+    user_homes,
+)
+from recall.pg.database import Connection, Database
+from recall.pg.schema import MigrationError, check_version, connect, key_id
+from recall.settings import ConfigError
+from recall.store import StoreUnavailable
+
+Turn = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One conversation file of the files store."""
+
+    conversation_id: str
+    body: str  # the file, as stored
+    first_ts: datetime
+    last_ts: datetime
+    turns: int
+
+
+@dataclass(frozen=True)
+class FilesUser:
+    """Everything the files store holds for one user."""
+
+    user_hash: str
+    conversations: list[Stored]
+    unreadable: int  # conversation files that are not readable turns: left out, counted
+    tombstones: dict[str, Any]  # recall.lifecycle.read_tombstones
+    receipts: list[dict[str, Any]]
+    audit: list[dict[str, Any]]
+
+
+@dataclass
+class Imported:
+    written: int = 0
+    kept: int = 0  # already in PostgreSQL, as new or newer
+    forgotten: int = 0  # forgotten in PostgreSQL since
+    unreadable: int = 0
+    receipts: int = 0
+    audit: int = 0
+
+    def add(self, other: Imported) -> None:
+        for name in (f.name for f in fields(self)):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def line(self) -> str:
+        extra = [
+            *([f"{self.kept} already there"] if self.kept else []),
+            *([f"{self.forgotten} forgotten there since, left out"] if self.forgotten else []),
+            *([f"{self.unreadable} unreadable, left out"] if self.unreadable else []),
+            *([f"{self.receipts} receipts"] if self.receipts else []),
+            *([f"{self.audit} audit lines"] if self.audit else []),
+        ]
+        return f"{self.written} conversations" + (f" ({', '.join(extra)})" if extra else "")
+
+
+class ImportRefused(Exception):
+    """The files store cannot be imported as it is; the message says why (no user data)."""
+
+
+def _moment(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def read_conversation(path: Path) -> Stored | None:
+    """A source file as stored; None when it holds no readable turns (a damaged file)."""
+    try:
+        body = path.read_bytes().decode("utf-8")
+        moments = [_moment(json.loads(line)["ts"]) for line in body.splitlines()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not moments:
+        return None
+    cid = path.name[: -len(SOURCE_SUFFIX)]
+    return Stored(cid, body, min(moments), max(moments), len(moments))
+
+
+def read_user(data_dir: Path, user_hash: str) -> FilesUser:
+    home = data_dir / user_hash
+    try:
+        tombstones = read_tombstones(home)
+    except (OSError, ValueError) as exc:  # never import a user without what they forgot
+        raise ImportRefused(
+            f"user {user_hash}: tombstones.json unreadable ({type(exc).__name__}): restore it "
+            "from the backup of DATA_DIR first"
+        ) from exc
+    stored = [read_conversation(path) for path in sorted((home / "src").glob(f"*{SOURCE_SUFFIX}"))]
+    return FilesUser(
+        user_hash=user_hash,
+        conversations=[c for c in stored if c is not None],
+        unreadable=sum(c is None for c in stored),
+        tombstones=tombstones,
+        receipts=list_receipts(data_dir, user_hash),
+        audit=audit.read(home),
+    )
+
+
+def files_users(data_dir: Path) -> list[str]:
+    """Every user hash with a directory, or receipts only (an erasure's outlive it)."""
+    receipts = data_dir / RECEIPTS_DIR
+    stems = (
+        {p.name[: -len(".jsonl")] for p in receipts.glob("*.jsonl")} if receipts.is_dir() else set()
+    )
+    return sorted({home.name for home in user_homes(data_dir)} | stems)
+
+
+def _canonical(line: Any) -> str:
+    return json.dumps(line, sort_keys=True, ensure_ascii=False)
+
+
+async def import_user(conn: Connection, user: FilesUser, files_key: str | None) -> Imported:
+    """One user's data into PostgreSQL, in the caller's transaction (`Database.user`)."""
+    h, done = user.user_hash, Imported(unreadable=user.unreadable)
+    await conn.execute("INSERT INTO users (user_hash) VALUES (%s) ON CONFLICT DO NOTHING", (h,))
+    # As an erase: posts and forgets of this user wait, then see what was imported.
+    await conn.execute("SELECT 1 FROM users WHERE user_hash = %s FOR UPDATE", (h,))
+    forgotten_there = await _import_tombstones(conn, user, files_key)
+    cur = await conn.execute(
+        "SELECT conversation_id, last_ts, turns FROM conversations WHERE user_hash = %s", (h,)
+    )
+    there = {cid: (last, turns) for cid, last, turns in await cur.fetchall()}
+    for conversation in user.conversations:
+        cid = conversation.conversation_id
+        if cid in forgotten_there:
+            done.forgotten += 1
+        elif cid in there and there[cid] >= (conversation.last_ts, conversation.turns):
+            done.kept += 1
+        else:
+            await conn.execute(_UPSERT, (h, *astuple(conversation)))
+            done.written += 1
+    done.receipts, done.audit = await _import_lines(conn, user)
+    if done.written:  # due for indexing now: no debounce to wait out
+        await conn.execute(
+            "UPDATE users SET changes = changes + %s, due_at = coalesce(due_at, now()) "
+            "WHERE user_hash = %s",
+            (done.written, h),
+        )
+    return done
+
+
+_UPSERT = (
+    "INSERT INTO conversations (user_hash, conversation_id, body, first_ts, last_ts, turns, "
+    "version) VALUES (%s, %s, %s, %s, %s, %s, nextval('conversation_versions')) "
+    "ON CONFLICT (user_hash, conversation_id) DO UPDATE SET body = excluded.body, "
+    "first_ts = excluded.first_ts, last_ts = excluded.last_ts, turns = excluded.turns, "
+    "version = excluded.version"
+)
+
+
+async def _import_tombstones(conn: Connection, user: FilesUser, files_key: str | None) -> set[str]:
+    """Add the files store's tombstones; the conversations PostgreSQL has tombstones of that the
+    files store does not (forgotten there since an earlier import: never brought back)."""
+    h = user.user_hash
+    ours = {(cid, files_key, d) for cid, ds in user.tombstones["turns"].items() for d in ds}
+    cur = await conn.execute(
+        "SELECT conversation_id, key_id, digest FROM tombstones WHERE user_hash = %s", (h,)
+    )
+    forgotten_there = {row[0] for row in await cur.fetchall() if row not in ours}
+    rules = dict(user.tombstones["conversations"])
+    if user.tombstones["erased"]:
+        rules[EVERYTHING] = user.tombstones["erased"]
+    async with conn.cursor() as cursor:
+        await cursor.executemany(
+            "INSERT INTO tombstones VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            [(h, *tombstone) for tombstone in sorted(ours, key=str)],
+        )
+        await cursor.executemany(
+            "INSERT INTO tombstone_times VALUES (%s, %s, %s) ON CONFLICT (user_hash, "
+            "conversation_id) DO UPDATE SET at = greatest(tombstone_times.at, excluded.at)",
+            [(h, cid, _moment(at)) for cid, at in sorted(rules.items())],
+        )
+    return forgotten_there
+
+
+async def _import_lines(conn: Connection, user: FilesUser) -> tuple[int, int]:
+    """Add the receipts (by their id) and audit lines (as a multiset: the same line twice is two
+    calls) PostgreSQL does not hold yet; how many of each."""
+    h = user.user_hash
+    cur = await conn.execute("SELECT receipt->>'receipt' FROM receipts WHERE user_hash = %s", (h,))
+    receipt_ids = {row[0] for row in await cur.fetchall()}
+    receipts = [r for r in user.receipts if r.get("receipt") not in receipt_ids]
+    cur = await conn.execute("SELECT line FROM audit WHERE user_hash = %s", (h,))
+    lines_there = Counter(_canonical(row[0]) for row in await cur.fetchall())
+    lines = []
+    for line in user.audit:
+        if lines_there[_canonical(line)] > 0:
+            lines_there[_canonical(line)] -= 1
+        else:
+            lines.append(line)
+    async with conn.cursor() as cursor:
+        await cursor.executemany(
+            "INSERT INTO receipts (user_hash, receipt) VALUES (%s, %s)",
+            [(h, json.dumps(r)) for r in receipts],
+        )
+        await cursor.executemany(
+            "INSERT INTO audit (user_hash, at, line) VALUES (%s, %s, %s)",
+            [(h, str(line.get("at", "")), json.dumps(line)) for line in lines],
+        )
+    return len(receipts), len(lines)
+
+
+def files_key(data_dir: Path) -> tuple[str, bytes] | None:
+    """The files store's tombstone key, named as server_keys names it; None when it never made
+    one, and then no tombstone may hold digests (they would match nothing)."""
+    if (data_dir / KEYS_DIR / TOMBSTONE_KEY).exists():
+        key = tombstone_key(data_dir)
+        return key_id(key), key
+    for home in user_homes(data_dir):
+        if read_tombstones(home)["turns"]:
+            raise ImportRefused(
+                f"{KEYS_DIR}/{TOMBSTONE_KEY} is missing but tombstones hold digests: restore it "
+                "from the backup of DATA_DIR first"
+            )
+    return None
+
+
+async def import_store(url: str, data_dir: Path) -> int:
+    """Import every user of the files store in DATA_DIR; exit status 0, or 1 when some
+    conversation files were unreadable (left out). Progress on stderr, user hashes only."""
+    key = files_key(data_dir)
+    async with await connect(url) as conn:
+        await check_version(conn)
+    users = files_users(data_dir)
+    database = Database(url, 1)
+    await database.open()
+    totals = Imported()
+    try:
+        if key is not None:
+            async with database.system() as conn:
+                await conn.execute(
+                    "INSERT INTO server_keys (key_id, value) VALUES (%s, %s) "
+                    "ON CONFLICT DO NOTHING",
+                    key,
+                )
+        for number, user_hash in enumerate(users, 1):
+            user = read_user(data_dir, user_hash)
+            async with database.user(user_hash) as conn:
+                done = await import_user(conn, user, key[0] if key else None)
+            print(f"user {number}/{len(users)} {user_hash}: {done.line()}", file=sys.stderr)
+            totals.add(done)
+    finally:
+        await database.close()
+    print(f"imported {len(users)} users: {totals.line()}", file=sys.stderr)
+    return 1 if totals.unreadable else 0
+
+
+async def export_user(url: str, user: str, out: Path) -> int:
+    """Write the user's conversations into ``out`` as the files store would hold them; how
+    many."""
+    user_hash = user_dir_name(user)
+    async with await connect(url) as conn:
+        await check_version(conn)
+    database = Database(url, 1)
+    await database.open()
+    try:
+        async with database.user(user_hash, read_only=True) as conn:
+            cur = await conn.execute(
+                "SELECT conversation_id, body FROM conversations WHERE user_hash = %s "
+                "ORDER BY conversation_id",
+                (user_hash,),
+            )
+            rows = await cur.fetchall()
+    finally:
+        await database.close()
+    out.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)
+    for conversation_id, body in rows:
+        target = out / f"{conversation_id}{SOURCE_SUFFIX}"
+        tmp = out / f".{conversation_id}.export.tmp"  # never .jsonl: funes reads no half file
+        with open(tmp, "wb", opener=private_file) as handle:
+            handle.write(body.encode("utf-8"))
+        os.replace(tmp, target)
+    return len(rows)
+
+
+def main(argv: list[str]) -> int:
+    """`import DATA_DIR` or `export --user USER --out DIR` (argv[0] names which)."""
+    command, rest = argv[0], argv[1:]
+    prog = f"recall-server {command}"
+    parser = argparse.ArgumentParser(prog=prog)
+    if command == "import":
+        parser.description = (
+            "Load a files store (DATA_DIR of STORE=files) into PostgreSQL (DATABASE_URL): "
+            "conversations, tombstones, receipts, audit; each user then due for indexing. "
+            "Safe to re-run: it resumes, and changes nothing already there."
+        )
+        parser.epilog = (
+            "Exit status: 0 imported; 1 some conversation files unreadable (left out, counted) "
+            "or the database went away (re-run to resume); 2 unusable DATA_DIR, DATABASE_URL "
+            "or schema."
+        )
+        parser.add_argument(
+            "data_dir", type=Path, metavar="DATA_DIR", help="the files store (its DATA_DIR)"
+        )
+    else:
+        parser.description = (
+            "Write one user's conversations from PostgreSQL (DATABASE_URL) as "
+            "<conversation_id>.funes.jsonl files, byte for byte as stored, into DIR (made 0700)."
+        )
+        parser.epilog = "Exit status: 0 written; 1 the database went away; 2 unusable settings."
+        parser.add_argument("--user", required=True, help="the user id (as the gateway sends it)")
+        parser.add_argument(
+            "--out", required=True, type=Path, metavar="DIR", help="where the files go"
+        )
+    args = parser.parse_args(rest)
+    if not (url := os.environ.get("DATABASE_URL")):
+        print(f"{prog}: set DATABASE_URL", file=sys.stderr)
+        return 2
+    try:
+        if command == "import":
+            if not args.data_dir.is_dir():
+                print(f"{prog}: {args.data_dir}: not a directory", file=sys.stderr)
+                return 2
+            return asyncio.run(import_store(url, args.data_dir.resolve()))
+        count = asyncio.run(export_user(url, args.user, args.out))
+    except (MigrationError, ConfigError, ImportRefused, OSError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except StoreUnavailable as exc:
+        print(f"{prog}: {exc}: run it again to resume", file=sys.stderr)
+        return 1
+    print(
+        f"{prog}: {count} conversations of user {user_dir_name(args.user)} in {args.out}",
+        file=sys.stderr,
+    )
+    return 0
