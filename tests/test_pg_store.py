@@ -19,7 +19,8 @@ from pg import PgDatabase
 from recall.conversations import parse_conversation, user_dir_name
 from recall.lifecycle import Forgotten, NotDue, NotFound, expired, turn_digest
 from recall.pg.database import Database
-from recall.pg.store import PgStore, conversation_lock, key_id
+from recall.pg.schema import key_id
+from recall.pg.store import PgStore, conversation_lock
 from recall.settings import ConfigError
 from recall.store import StoreUnavailable
 

@@ -21,7 +21,6 @@ key still match. Nothing here logs a user id, a text or a key: user hashes only.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import secrets
 from collections.abc import Callable
@@ -49,19 +48,14 @@ from recall.lifecycle import (
 )
 from recall.pg.database import Database
 from recall.pg.index import IndexRunner, drop_conversation, drop_user_index
-from recall.pg.schema import check_schema
+from recall.pg.schema import check_schema, key_id
 from recall.pg.search import PgSearch
 from recall.settings import ConfigError
 from recall.store import AuditLine, Mark, MemoryState, Receipt, StoreUnavailable, Turn
 
 log = logging.getLogger("recall.pg.store")
 
-KEY_LOCK = 0x7265_6361_6B79  # "recakey": making the shared tombstone key, once, on any replica
-KEY_ID_CHARS = 8  # a key's id: the first hex digits of its sha256 (names it, reveals nothing)
-
-
-def key_id(key: bytes) -> str:
-    return hashlib.sha256(key).hexdigest()[:KEY_ID_CHARS]
+KEY_LOCK = 0x7265_6361_6B79  # "recaky": making the shared tombstone key, once, on any replica
 
 
 def conversation_lock(user_hash: str, conversation_id: str) -> tuple[str, str]:
