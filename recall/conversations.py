@@ -295,6 +295,12 @@ def _holds(target: Path, data: bytes, lines: list[dict[str, Any]]) -> bool:
         stored = target.read_bytes()
     except FileNotFoundError:
         return False
+    return stored_holds(stored, data, lines)
+
+
+def stored_holds(stored: bytes, data: bytes, lines: list[dict[str, Any]]) -> bool:
+    """Whether a stored conversation's bytes already hold this post (see `_holds`). Pure: every
+    store decides with it, under the conversation's lock."""
     if stored == data:
         return True
     stored_lines = stored.splitlines()

@@ -217,20 +217,28 @@ def _time_rule(tombstones: dict[str, Any], conversation_id: str) -> datetime | N
     return max(moments) if moments else None
 
 
-def admit(home: Path, conversation: Conversation) -> Conversation:
-    """What of a post may be stored, given the tombstones (called under the conversation's
-    lock): every turn that is not a forgotten one, renumbered densely; Forgotten when none is."""
-    tombstones = read_tombstones(home)
-    digests = set(tombstones["turns"].get(conversation.conversation_id, []))
-    before = _time_rule(tombstones, conversation.conversation_id)
+@dataclass(frozen=True)
+class Forgetting:
+    """What one conversation's tombstones forget, wherever they are kept: digests of its turns,
+    by the key that made them (a store may hold digests of several keys, e.g. imported ones),
+    and the time rule of tombstones from before digests."""
+
+    digests: dict[bytes, frozenset[str]] = field(default_factory=dict)
+    before: datetime | None = None
+
+
+def admitted(conversation: Conversation, forgetting: Forgetting) -> Conversation:
+    """What of a post may be stored: every turn that is not a forgotten one, renumbered
+    densely; Forgotten when none is. Pure: every store decides with it, under its own lock."""
+    digests = {key: found for key, found in forgetting.digests.items() if found}
+    before = forgetting.before
     if not digests and before is None:
         return conversation
-    key = tombstone_key(home.parent) if digests else b""
 
     def forgotten(turn: Turn) -> bool:
         if before is not None and _moment(turn["ts"]) <= before:
             return True
-        return bool(digests) and turn_digest(key, turn) in digests
+        return any(turn_digest(key, turn) in found for key, found in digests.items())
 
     kept = [turn for turn in conversation.lines if not forgotten(turn)]
     if not kept:
@@ -239,11 +247,26 @@ def admit(home: Path, conversation: Conversation) -> Conversation:
     return replace(conversation, lines=lines)
 
 
+def admit(home: Path, conversation: Conversation) -> Conversation:
+    """What of a post may be stored, given the tombstones in ``home`` (called under the
+    conversation's lock): see `admitted`."""
+    tombstones = read_tombstones(home)
+    digests = frozenset(tombstones["turns"].get(conversation.conversation_id, []))
+    before = _time_rule(tombstones, conversation.conversation_id)
+    keyed = {tombstone_key(home.parent): digests} if digests else {}  # the key on first need
+    return admitted(conversation, Forgetting(keyed, before))
+
+
 def readable_turns(path: Path) -> list[Turn]:
     """The turns of a source that can be read, skipping a line that cannot (the digests of a
     forget are taken from these: a damaged line must not keep the rest from its tombstone)."""
+    return readable_lines(path.read_bytes())
+
+
+def readable_lines(stored: bytes) -> list[Turn]:
+    """The turns of a stored conversation's bytes that can be read (see `readable_turns`)."""
     turns = []
-    for raw in path.read_bytes().splitlines():
+    for raw in stored.splitlines():
         with suppress(ValueError):  # not UTF-8 or not JSON
             turn = json.loads(raw)
             if isinstance(turn, dict):

@@ -1,0 +1,508 @@
+"""PgStore: the truth of every user in one PostgreSQL (STORE=postgres), for any number of replicas.
+
+The same rules as the files store, decided by the same pure functions (recall.lifecycle.admitted
+for the tombstones, recall.conversations.stored_holds for a stale re-post), each under locks that
+hold across replicas. Every query filters by the user hash, in a transaction that set it for the
+row-level security policies (recall/pg/database.py). The locks, always taken in this order:
+
+- the user's row: a post takes FOR KEY SHARE (posts of a user run side by side), a forget (and an
+  index flush) FOR NO KEY UPDATE (one at a time per user; posts still run), an erase FOR UPDATE
+  (it waits for the posts in flight, and later posts wait for it, then meet its tombstones);
+- a conversation's advisory lock (its writers, on any replica, one at a time). A post takes it
+  after the row lock; a forget takes it BEFORE its row lock: a post holding the conversation's
+  lock ends by bumping the user's counters (an UPDATE, so FOR NO KEY UPDATE of the row), and a
+  forget holding that row lock while waiting for the conversation's would deadlock with it.
+
+Tombstones are keyed digests (recall.lifecycle.turn_digest) under a key in `server_keys` that
+every replica shares; each tombstone names its key, so digests imported under the files store's
+key still match. Nothing here logs a user id, a text or a key: user hashes only.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+from collections.abc import Callable
+from contextlib import suppress
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from recall.conversations import Conversation, stored_holds
+from recall.engines.base import Recalled
+from recall.lifecycle import (
+    EVERYTHING,
+    Forgetting,
+    NotDue,
+    NotFound,
+    _receipt,
+    _stamp,
+    admitted,
+    expired,
+    now_utc,
+    readable_lines,
+    turn_digest,
+)
+from recall.pg.database import Database
+from recall.pg.index import IndexRunner, drop_conversation, drop_user_index
+from recall.pg.schema import check_schema, key_id
+from recall.pg.search import PgSearch
+from recall.settings import ConfigError
+from recall.store import AuditLine, Mark, MemoryState, Receipt, StoreUnavailable, Turn
+
+log = logging.getLogger("recall.pg.store")
+
+KEY_LOCK = 0x7265_6361_6B79  # "recaky": making the shared tombstone key, once, on any replica
+
+
+def conversation_lock(user_hash: str, conversation_id: str) -> tuple[str, str]:
+    """The SQL and parameters of a conversation's advisory lock (held to the transaction's end)."""
+    return (
+        "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 0))",
+        (user_hash, conversation_id),
+    )
+
+
+def storable(value: Any) -> Any:
+    """``value`` as jsonb can hold it: its strings without NUL (jsonb refuses \\u0000), which
+    becomes U+FFFD, as a cut character does elsewhere. An audit line quotes a query as asked."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    return value
+
+
+async def _one(conn: psycopg.AsyncConnection[Any], query: str, params: Any = ()) -> Any:
+    """The first row of a query (None when there is none)."""
+    return await (await conn.execute(query, params)).fetchone()
+
+
+async def _all(conn: psycopg.AsyncConnection[Any], query: str, params: Any = ()) -> list[Any]:
+    return await (await conn.execute(query, params)).fetchall()
+
+
+class PgStore:
+    """recall.store.Store over PostgreSQL. ``runner`` and ``search`` (recall/pg/index.py and
+    search.py) are the index half; without them the truth half works alone."""
+
+    name = "postgres"
+
+    def __init__(
+        self,
+        database: Database,
+        debounce: float,
+        runner: IndexRunner | None = None,
+        search: PgSearch | None = None,
+    ) -> None:
+        self.database = database
+        self.debounce = debounce  # an index run is due this long after the first unindexed write
+        self.runner = runner
+        self.search = search
+        self._keys: dict[str, bytes] = {}  # key_id -> key: never change once made
+        self._current: tuple[str, bytes] | None = None  # the key new tombstones are made under
+        self._schema_checked = False
+
+    # --- life ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the pool and check the schema; ConfigError when this server cannot serve from
+        it. A database that is down does not keep the replica from starting: the check then
+        waits for /readyz (`ready`), which fails until it passed."""
+        await self.database.open()
+        try:
+            await self._check_schema()
+        except StoreUnavailable:
+            log.warning("database unreachable at start; the schema is checked once it answers")
+        if self.runner is not None:
+            await self.runner.start()
+
+    async def _check_schema(self) -> None:
+        if not self._schema_checked:
+            async with self.database.system() as conn:
+                await check_schema(conn)
+            self._schema_checked = True
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.close()
+        await self.database.close()
+
+    async def ready(self) -> str | None:
+        if failed := await self.database.check():
+            return failed
+        try:
+            await self._check_schema()
+        except StoreUnavailable:
+            return "database"
+        except ConfigError as exc:
+            log.error("database not served: %s", exc)
+            return "schema"
+        return None
+
+    async def indexing(self) -> int:
+        async with self.database.system() as conn:
+            return int((await _one(conn, "SELECT recall_indexing()"))[0])
+
+    async def index_lag(self) -> tuple[int, float]:
+        async with self.database.system() as conn:
+            users, oldest = await _one(
+                conn, "SELECT users, oldest_seconds FROM recall_index_lag(%s)", (self.debounce,)
+            )
+        return int(users or 0), float(oldest or 0.0)
+
+    # --- the tombstone key --------------------------------------------------------------------
+
+    async def _tombstone_key(self) -> tuple[str, bytes]:
+        """The key new digests are made under: the oldest in `server_keys`, made on first need.
+        Made under an advisory lock, so replicas starting together agree on one."""
+        if self._current is None:
+            async with self.database.system() as conn:
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (KEY_LOCK,))
+                row = await _one(
+                    conn, "SELECT key_id, value FROM server_keys ORDER BY made_at, key_id LIMIT 1"
+                )
+                if row is None:
+                    made = secrets.token_bytes(32)
+                    row = (key_id(made), made)
+                    await conn.execute(
+                        "INSERT INTO server_keys (key_id, value) VALUES (%s, %s) "
+                        "ON CONFLICT DO NOTHING",
+                        row,
+                    )
+            self._current = (row[0], bytes(row[1]))
+            self._keys[row[0]] = bytes(row[1])
+        return self._current
+
+    async def _keys_named(
+        self, conn: psycopg.AsyncConnection[Any], key_ids: set[str]
+    ) -> dict[str, bytes]:
+        missing = [k for k in key_ids if k not in self._keys]
+        if missing:
+            rows = await _all(
+                conn, "SELECT key_id, value FROM server_keys WHERE key_id = ANY(%s)", (missing,)
+            )
+            self._keys.update((k, bytes(v)) for k, v in rows)
+        # A key that is not there (lost) makes digests nothing can match: they are left aside.
+        return {k: self._keys[k] for k in key_ids if k in self._keys}
+
+    async def _tombstone(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        user: str,
+        turns: dict[str, list[Turn]],
+        under: tuple[str, bytes],
+    ) -> None:
+        """Add the digests of these conversations' turns, under key ``under``, to the user's
+        tombstones."""
+        kid, key = under
+        pairs = [(cid, turn_digest(key, t)) for cid, ts in turns.items() for t in ts]
+        await conn.execute(
+            "INSERT INTO tombstones (user_hash, conversation_id, key_id, digest) "
+            "SELECT %s, c, %s, d FROM unnest(%s::text[], %s::text[]) AS t(c, d) "
+            "ON CONFLICT DO NOTHING",
+            (user, kid, [c for c, _ in pairs], [d for _, d in pairs]),
+        )
+
+    async def _forgetting(
+        self, conn: psycopg.AsyncConnection[Any], user: str, conversation_id: str
+    ) -> Forgetting:
+        """What the user's tombstones forget of one conversation (under its lock)."""
+        rows = await _all(
+            conn,
+            "SELECT key_id, digest FROM tombstones WHERE user_hash = %s AND conversation_id = %s",
+            (user, conversation_id),
+        )
+        by_key: dict[str, set[str]] = {}
+        for kid, digest in rows:
+            by_key.setdefault(kid, set()).add(digest)
+        keys = await self._keys_named(conn, set(by_key)) if by_key else {}
+        (before,) = await _one(
+            conn,
+            "SELECT max(at) FROM tombstone_times "
+            "WHERE user_hash = %s AND conversation_id IN (%s, %s)",
+            (user, conversation_id, EVERYTHING),
+        )
+        return Forgetting({keys[k]: frozenset(d) for k, d in by_key.items() if k in keys}, before)
+
+    async def _changed(self, conn: psycopg.AsyncConnection[Any], user: str, forgets: int) -> None:
+        """Count a change of the user's memory: an index run is due (after the debounce, from
+        the first change no run covers); ``forgets``: recalls in flight must read again."""
+        await conn.execute(
+            "UPDATE users SET changes = changes + 1, forgets = forgets + %s, "
+            "due_at = coalesce(due_at, now() + make_interval(secs => %s)) WHERE user_hash = %s",
+            (forgets, self.debounce, user),
+        )
+
+    # --- the write path -----------------------------------------------------------------------
+
+    async def put(self, user: str, conversation: Conversation) -> bool:
+        cid = conversation.conversation_id
+        async with self.database.user(user) as conn:
+            await conn.execute(
+                "INSERT INTO users (user_hash) VALUES (%s) ON CONFLICT DO NOTHING", (user,)
+            )
+            await conn.execute("SELECT 1 FROM users WHERE user_hash = %s FOR KEY SHARE", (user,))
+            await conn.execute(*conversation_lock(user, cid))
+            # Forgotten (nothing may be stored) rolls the transaction back: nothing written.
+            conversation = admitted(conversation, await self._forgetting(conn, user, cid))
+            data = conversation.to_jsonl()
+            stored = await _one(
+                conn,
+                "SELECT body FROM conversations WHERE user_hash = %s AND conversation_id = %s",
+                (user, cid),
+            )
+            if stored is not None and stored_holds(
+                stored[0].encode("utf-8"), data.encode("utf-8"), conversation.lines
+            ):
+                return False  # already stored (committed), or a stale snapshot of it
+            stamps = [line["ts"] for line in conversation.lines]  # ...Z: they sort as times
+            await conn.execute(
+                "INSERT INTO conversations "
+                "(user_hash, conversation_id, body, version, first_ts, last_ts, turns) "
+                "VALUES (%s, %s, %s, nextval('conversation_versions'), %s, %s, %s) "
+                "ON CONFLICT (user_hash, conversation_id) DO UPDATE SET body = excluded.body, "
+                "version = excluded.version, first_ts = excluded.first_ts, "
+                "last_ts = excluded.last_ts, turns = excluded.turns",
+                (user, cid, data, min(stamps), max(stamps), len(stamps)),
+            )
+            await self._changed(conn, user, forgets=0)
+        return True
+
+    # --- what the memory page reads -----------------------------------------------------------
+
+    async def conversation_ids(self, user: str) -> list[str]:
+        async with self.database.user(user, read_only=True) as conn:
+            rows = await _all(
+                conn,
+                "SELECT conversation_id FROM conversations WHERE user_hash = %s "
+                'ORDER BY conversation_id COLLATE "C"',
+                (user,),
+            )
+        return [cid for (cid,) in rows]
+
+    async def turns(self, user: str, conversation_id: str) -> list[Turn] | None:
+        async with self.database.user(user, read_only=True) as conn:
+            row = await _one(
+                conn,
+                "SELECT body FROM conversations WHERE user_hash = %s AND conversation_id = %s",
+                (user, conversation_id),
+            )
+        return None if row is None else readable_lines(row[0].encode("utf-8"))
+
+    # --- the lifecycle ------------------------------------------------------------------------
+
+    async def forget(
+        self,
+        user: str,
+        conversation_id: str,
+        reason: str,
+        only_if: Callable[[list[Turn]], bool] | None = None,
+    ) -> Receipt:
+        at = now_utc()
+        key = await self._tombstone_key()  # before: never a second connection while one is held
+        async with self.database.user(user) as conn:
+            await conn.execute(*conversation_lock(user, conversation_id))  # first: see the top
+            if (
+                await _one(
+                    conn, "SELECT 1 FROM users WHERE user_hash = %s FOR NO KEY UPDATE", (user,)
+                )
+                is None
+            ):
+                raise NotFound  # nothing of the user was ever stored
+            row = await _one(
+                conn,
+                "SELECT body FROM conversations WHERE user_hash = %s AND conversation_id = %s",
+                (user, conversation_id),
+            )
+            if row is None:
+                if not await self._tombstoned(conn, user, conversation_id):
+                    raise NotFound
+                if (earlier := await self._last_forget(conn, user, conversation_id)) is not None:
+                    return earlier
+                turns: list[Turn] = []  # erased, never forgotten alone: its own receipt now
+            else:
+                turns = readable_lines(row[0].encode("utf-8"))
+                if only_if is not None and not only_if(turns):
+                    raise NotDue  # rolled back: nothing removed, no receipt
+            await self._tombstone(conn, user, {conversation_id: turns}, key)
+            await conn.execute(
+                "DELETE FROM conversations WHERE user_hash = %s AND conversation_id = %s",
+                (user, conversation_id),
+            )
+            rows = await drop_conversation(conn, user, conversation_id)
+            await self._changed(conn, user, forgets=1)
+            receipt = _receipt(
+                user,
+                "forget",
+                at,
+                reason=reason,
+                conversation_id=conversation_id,
+                removed={"conversations": 1, "turns": len(turns), "index_rows": rows},
+            )
+            await self._add_receipt(conn, user, receipt)
+        log.info("user %s: forgot a conversation (%s)", user, reason)
+        return receipt
+
+    async def _tombstoned(
+        self, conn: psycopg.AsyncConnection[Any], user: str, conversation_id: str
+    ) -> bool:
+        row = await _one(
+            conn,
+            "SELECT EXISTS (SELECT 1 FROM tombstones WHERE user_hash = %s AND conversation_id = %s)"
+            " OR EXISTS (SELECT 1 FROM tombstone_times WHERE user_hash = %s "
+            "AND conversation_id IN (%s, %s))",
+            (user, conversation_id, user, conversation_id, EVERYTHING),
+        )
+        return bool(row[0])
+
+    async def _last_forget(
+        self, conn: psycopg.AsyncConnection[Any], user: str, conversation_id: str
+    ) -> Receipt | None:
+        row = await _one(
+            conn,
+            "SELECT receipt FROM receipts WHERE user_hash = %s AND receipt->>'operation' = "
+            "'forget' AND receipt->>'conversation_id' = %s ORDER BY seq DESC LIMIT 1",
+            (user, conversation_id),
+        )
+        return None if row is None else row[0]
+
+    async def _add_receipt(
+        self, conn: psycopg.AsyncConnection[Any], user: str, receipt: Receipt
+    ) -> None:
+        await conn.execute(
+            "INSERT INTO receipts (user_hash, receipt) VALUES (%s, %s)", (user, Jsonb(receipt))
+        )
+
+    async def erase(self, user: str) -> Receipt:
+        at = now_utc()
+        key = await self._tombstone_key()
+        async with self.database.user(user) as conn:
+            await conn.execute(
+                "INSERT INTO users (user_hash) VALUES (%s) ON CONFLICT DO NOTHING", (user,)
+            )
+            # FOR UPDATE: waits for the posts in flight (FOR KEY SHARE); later ones wait for it.
+            await conn.execute("SELECT 1 FROM users WHERE user_hash = %s FOR UPDATE", (user,))
+            rows = await _all(
+                conn,
+                "SELECT conversation_id, body FROM conversations WHERE user_hash = %s",
+                (user,),
+            )
+            erased = {cid: readable_lines(body.encode("utf-8")) for cid, body in rows}
+            await self._tombstone(conn, user, erased, key)
+            await conn.execute("DELETE FROM conversations WHERE user_hash = %s", (user,))
+            index_rows = await drop_user_index(conn, user)
+            await conn.execute("DELETE FROM audit WHERE user_hash = %s", (user,))
+            await conn.execute(
+                "UPDATE users SET erasures = erasures + 1, passages = 0, tokens = 0 "
+                "WHERE user_hash = %s",
+                (user,),
+            )
+            await self._changed(conn, user, forgets=1)
+            removed = {"conversations": len(erased), "turns": sum(map(len, erased.values()))}
+            receipt = _receipt(user, "erase", at, removed={**removed, "index_rows": index_rows})
+            await self._add_receipt(conn, user, receipt)  # receipts outlive the erase
+        log.info("user %s: erased", user)
+        return receipt
+
+    async def receipts(self, user: str) -> list[Receipt]:
+        async with self.database.user(user, read_only=True) as conn:
+            rows = await _all(
+                conn, "SELECT receipt FROM receipts WHERE user_hash = %s ORDER BY seq", (user,)
+            )
+        return [receipt for (receipt,) in rows]
+
+    async def sweep(self, retention_days: float) -> int:
+        cutoff = now_utc() - timedelta(days=retention_days)
+        still_expired = functools.partial(expired, cutoff=cutoff)  # a post may resume it
+        async with self.database.system() as conn:
+            due = await _all(
+                conn, "SELECT user_hash, conversation_id FROM recall_expired(%s)", (cutoff,)
+            )
+        forgotten = 0
+        for user, conversation_id in due:
+            with suppress(NotFound, NotDue):  # forgotten, or resumed, meanwhile
+                await self.forget(user, conversation_id, "retention", still_expired)
+                forgotten += 1
+        # The recall audit is the user's data too: its old lines go with the same retention.
+        async with self.database.system() as conn:
+            users = [u for (u,) in await _all(conn, "SELECT * FROM recall_users()")]
+        for user in users:
+            async with self.database.user(user) as conn:
+                await conn.execute(
+                    'DELETE FROM audit WHERE user_hash = %s AND at < %s COLLATE "C"',
+                    (user, _stamp(cutoff)),
+                )
+        return forgotten
+
+    # --- the audit, and recalls that overlap an erasure ---------------------------------------
+
+    async def mark(self, user: str) -> Mark:
+        return await self._erasures(user)
+
+    async def erased_since(self, user: str, mark: Mark) -> bool:
+        return await self._erasures(user) > mark
+
+    async def _erasures(self, user: str) -> int:
+        async with self.database.user(user, read_only=True) as conn:
+            row = await _one(conn, "SELECT erasures FROM users WHERE user_hash = %s", (user,))
+        return 0 if row is None else int(row[0])
+
+    async def append_audit(self, user: str, line: AuditLine, mark: Mark) -> None:
+        async with self.database.user(user) as conn:
+            # FOR KEY SHARE: an erase (FOR UPDATE) in flight is waited for, then seen.
+            row = await _one(
+                conn, "SELECT erasures FROM users WHERE user_hash = %s FOR KEY SHARE", (user,)
+            )
+            if row is None or int(row[0]) > mark:
+                return  # no data of the user, or erased since the recall began
+            await conn.execute(
+                "INSERT INTO audit (user_hash, at, line) VALUES (%s, %s, %s)",
+                (user, str(line.get("at", "")), Jsonb(storable(line))),
+            )
+
+    async def audit(self, user: str, since: str | None = None) -> list[AuditLine]:
+        async with self.database.user(user, read_only=True) as conn:
+            rows = await _all(
+                conn,
+                "SELECT line FROM audit WHERE user_hash = %s "
+                'AND (%s::text IS NULL OR at >= %s COLLATE "C") ORDER BY seq',
+                (user, since, since),
+            )
+        return [line for (line,) in rows]
+
+    async def audit_page(
+        self, user: str, limit: int, before: int | None = None
+    ) -> tuple[list[AuditLine], int | None]:
+        async with self.database.user(user, read_only=True) as conn:
+            rows = await _all(
+                conn,
+                "SELECT seq, line FROM audit WHERE user_hash = %s "
+                "AND (%s::bigint IS NULL OR seq < %s) ORDER BY seq DESC LIMIT %s",
+                (user, before, before, limit + 1),  # one more: is there a next page
+            )
+        page = rows[:limit]
+        more = page[-1][0] if len(rows) > limit and page else None
+        return [line for _, line in page], more
+
+    # --- search -------------------------------------------------------------------------------
+
+    def _search(self) -> PgSearch:
+        if self.search is None:
+            raise RuntimeError("PgStore: no search configured")
+        return self.search
+
+    async def state(self, user: str) -> MemoryState:
+        return await self._search().state(user)
+
+    async def recall(self, user: str, query: str) -> Recalled:
+        return await self._search().recall(user, query)
+
+    def repair(self, user: str) -> None:
+        if self.runner is not None:
+            self.runner.repair(user)
