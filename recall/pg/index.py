@@ -262,6 +262,11 @@ class IndexRunner:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._pool.shutdown(wait=True)
 
+    @property
+    def running(self) -> int:
+        """Index runs going on in this runner now."""
+        return len(self._runs)
+
     def wake(self) -> None:
         """Look for due users now (a post on this replica), not at the next poll."""
         self._wake.set()
