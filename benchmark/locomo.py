@@ -2,6 +2,7 @@
 
     python -m benchmark.run --locomo ../shared/data/locomo-dev.json   # the recorded run
     python -m benchmark.locomo --fast ../shared/data/locomo-dev.json   # in-process, minutes
+    python -m benchmark.locomo --fast --store postgres ...  # both stores in one run, compared
 
 LoCoMo (Maharana et al., ACL 2024, github.com/snap-research/locomo) is research data with its own
 terms: it stays out of the repository. Only figures are committed (results/locomo-<engine>.json);
@@ -30,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,9 +46,9 @@ from typing import Any
 
 from fastmcp import Client
 
-from benchmark.run import load_by_backfill, machine, timing
+from benchmark.run import load_by_backfill, machine, postgres, timing
 from recall.conversations import parse_conversation, user_dir_name, write_conversation
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Engine
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Engine, Recalled
 from recall.testing import ROOT, LocalServer, make_server
 from recall_server import MAX_QUERY_CHARS
 
@@ -410,14 +413,28 @@ def measure_locomo(
 # --- in-process, for ranking work -------------------------------------------------------------
 
 
-async def evaluate_engines(
+async def ask(
+    recall: Callable[[str], Awaitable[Recalled]], history: LocomoHistory, k: int
+) -> Answers:
+    """Every query of one history through ``recall``, the tool's query and answer handling
+    kept (the query cut as the tool cuts it, the answer at k's character cap)."""
+    cap = int(SETTINGS_AT[k]["MAX_RESULT_CHARS"])
+    answers = Answers([], [])
+    for query in queries(history):
+        started = time.perf_counter()
+        found = await recall(query.strip()[:MAX_QUERY_CHARS])
+        answers.latencies_ms.append((time.perf_counter() - started) * 1000)
+        answers.texts.append(found.text[:cap] or NOTHING_FOUND)
+    return answers
+
+
+async def ask_engines(
     histories: list[LocomoHistory], engines: dict[int, Engine], workdir: Path
-) -> dict[str, Any]:
+) -> dict[int, dict[str, Answers]]:
     """Index each history with the server's own conversion and ask every query of it, once per
-    k, through engine objects in this process (no HTTP), the tool's query and answer handling
-    kept. `engines` maps k to an engine built with SETTINGS_AT[k]; returns score()'s dict."""
+    k, through engine objects in this process (no HTTP). `engines` maps k to an engine built
+    with SETTINGS_AT[k]."""
     answers: dict[int, dict[str, Answers]] = {k: {} for k in engines}
-    caps = {k: int(SETTINGS_AT[k]["MAX_RESULT_CHARS"]) for k in engines}
     for history in histories:
         home = workdir / user_dir_name(history.user)
         for body in history.bodies:
@@ -425,13 +442,15 @@ async def evaluate_engines(
         for engine in engines.values():
             await engine.index(home)  # the same index for every k: later runs find nothing new
         for k, engine in engines.items():
-            own = answers[k][history.user] = Answers([], [])
-            for query in queries(history):
-                started = time.perf_counter()
-                found = await engine.recall(home, query.strip()[:MAX_QUERY_CHARS])
-                own.latencies_ms.append((time.perf_counter() - started) * 1000)
-                own.texts.append(found.text[: caps[k]] or NOTHING_FOUND)
-    return score(histories, answers)
+            answers[k][history.user] = await ask(functools.partial(engine.recall, home), history, k)
+    return answers
+
+
+async def evaluate_engines(
+    histories: list[LocomoHistory], engines: dict[int, Engine], workdir: Path
+) -> dict[str, Any]:
+    """ask_engines, scored: score()'s dict."""
+    return score(histories, await ask_engines(histories, engines, workdir))
 
 
 def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
@@ -458,6 +477,91 @@ def measure_in_process(path: Path, model_dir: Path | None = None) -> tuple[dict,
         scored = asyncio.run(evaluate_engines(histories, engines, Path(tmp)))
     figures = {"benchmark": "locomo", "engine": "embedded", "mode": "in-process"}
     return figures | {"data": path.name} | scored["figures"], scored["misses"]
+
+
+# --- the PostgreSQL store, in-process -----------------------------------------------------------
+
+
+async def ask_postgres(
+    histories: list[LocomoHistory], database_url: str, model_dir: Path | None = None
+) -> dict[int, dict[str, Answers]]:
+    """As ask_engines, over the PostgreSQL store (STORE=postgres) in this process: each history
+    posted through PgStore.put (the write path), all of it before its index run, as the
+    backfill loads it (rows are then numbered as the embedded engine numbers them), indexed by
+    an IndexRunner, asked through PgSearch at each k's settings."""
+    from recall.embedder import load_embedder
+    from recall.pg.database import Database
+    from recall.pg.index import IndexRunner
+    from recall.pg.search import PgSearch
+    from recall.pg.store import PgStore
+
+    embedder = load_embedder(model_dir)
+    db = Database(database_url, 4)
+    store = PgStore(db, debounce=3600.0)  # no run claims a history before it is all posted
+    runner = IndexRunner(db, embedder, debounce=0.0, concurrency=1, timeout=3600.0)
+    searches = {
+        k: PgSearch(
+            db,
+            embedder,
+            k=int(values["RECALL_K"]),
+            candidates=int(values["RECALL_CANDIDATES"]),
+            max_chars=int(values["MAX_RESULT_CHARS"]),
+        )
+        for k, values in SETTINGS_AT.items()
+    }
+    answers: dict[int, dict[str, Answers]] = {k: {} for k in searches}
+    await store.start()
+    await runner.start()
+    try:
+        for history in histories:
+            user = user_dir_name(history.user)
+            for body in history.bodies:
+                await store.put(user, parse_conversation(body))
+            runner.repair(user)  # its run is due now
+            while await store.indexing():
+                await asyncio.sleep(0.1)
+            for k, search in searches.items():
+                answers[k][history.user] = await ask(
+                    functools.partial(search.recall, user), history, k
+                )
+    finally:
+        await runner.close()
+        for search in searches.values():
+            await search.close()
+        await store.close()
+    return answers
+
+
+def same_answers(
+    one: dict[int, dict[str, Answers]], other: dict[int, dict[str, Answers]]
+) -> dict[str, int]:
+    """How many answers two runs gave alike, to the byte, of how many."""
+    pairs = [
+        pair
+        for k in one
+        for user in one[k]
+        for pair in zip(one[k][user].texts, other[k][user].texts, strict=True)
+    ]
+    return {"answers": len(pairs), "identical": sum(a == b for a, b in pairs)}
+
+
+def measure_both(path: Path, model_dir: Path | None = None) -> list[tuple[dict, dict]]:
+    """The embedded engine (files store) and the PostgreSQL store on the same histories in one
+    run: (figures, misses) of each, the PostgreSQL figures saying how many answers were the same
+    to the byte. The database: DATABASE_URL (the app role, migrated), else a PostgreSQL 18 +
+    pgvector started for the run (tests/pg.py, as benchmark/run.py starts it)."""
+    histories = load_locomo(path)
+    with tempfile.TemporaryDirectory(prefix="bench-locomo-fast-") as tmp:
+        files = asyncio.run(ask_engines(histories, embedded_engines(model_dir), Path(tmp)))
+    database_url = os.environ.get("DATABASE_URL") or postgres().new_database().app_url
+    pg = asyncio.run(ask_postgres(histories, database_url, model_dir))
+    figures = {"benchmark": "locomo", "mode": "in-process", "data": path.name}
+    runs = []
+    for engine, answers in (("embedded", files), ("postgres", pg)):
+        scored = score(histories, answers)
+        runs.append((figures | {"engine": engine} | scored["figures"], scored["misses"]))
+    runs[1][0]["same_as_embedded"] = same_answers(files, pg)
+    return runs
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -533,14 +637,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data", type=Path, nargs="?", default=DEFAULT_DATA)
     parser.add_argument("--fast", action="store_true", help="in-process engines, no server")
     parser.add_argument("--model-dir", type=Path, help="another embedding model (with --fast)")
+    parser.add_argument(
+        "--store",
+        choices=("files", "postgres"),
+        default="files",
+        help="with --fast: postgres runs the PostgreSQL store too (DATABASE_URL, else one of its "
+        "own) and prints both",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
-    if args.fast:
-        figures, misses = measure_in_process(args.data, args.model_dir)
+    if args.fast and args.store == "postgres":
+        runs = measure_both(args.data, args.model_dir)
+    elif args.fast:
+        runs = [measure_in_process(args.data, args.model_dir)]
     else:
-        figures, misses = measure_locomo(args.data)
-    stamp(figures, started)
-    print_figures(figures, misses)
+        runs = [measure_locomo(args.data)]
+    for figures, misses in runs:
+        stamp(figures, started)
+        print(f"\n=== {figures['engine']} ===")
+        print_figures(figures, misses)
     return 0
 
 
