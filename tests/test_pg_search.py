@@ -309,6 +309,31 @@ async def test_postgres_answers_every_query_as_the_embedded_engine_does(
     assert different_pools == []
 
 
+async def test_postgres_applies_recency_as_the_embedded_engine_does(
+    embedder: OnnxEmbedder,
+    db: Database,
+    store: PgStore,
+    superuser: psycopg.Connection[Any],
+    tmp_path: Path,
+) -> None:
+    # Given a small history in both stores, and both searching with recency on
+    bodies = [body("alice", cid, start, turns) for cid, (start, turns) in CORPUS.items()]
+    home = tmp_path / "home"
+    for one in bodies:
+        write_conversation(home, parse_conversation(one))
+    await EmbeddedEngine(embedder).index(home)
+    await post(store, bodies)
+    await index_once(db, embedder, superuser, "alice")
+    engine = EmbeddedEngine(embedder, half_life_days=2.0, min_similarity=0.0)
+    search = PgSearch(db, embedder, half_life_days=2.0, min_similarity=0.0)
+
+    # When queries are asked of both; then the answers are the same (recency counted from the
+    # user's newest turn in both)
+    for text in ["MT-4471 owner", "ticket", "who looks after the cooling?", "release"]:
+        assert await engine.recall(home, text) == await search.recall(user_dir_name("alice"), text)
+    await search.close()
+
+
 async def test_postgres_reads_a_recalled_turn_only_as_a_labelled_neighbour(
     embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:

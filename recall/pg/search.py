@@ -207,14 +207,18 @@ class PgSearch:
         by_words_ranked = order_pool(by_words, cosines, candidates=self.candidates)
         fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
         cur = await conn.execute(
-            "SELECT id, conversation_id, turn, seq, ts, epoch, role, text, ids, "
-            " (SELECT coalesce(max(epoch), 0) FROM chunks"
-            "  WHERE user_hash = %s AND NOT recalled) AS newest"
-            " FROM chunks WHERE user_hash = %s AND id = ANY(%s)",
-            (user_hash, user_hash, list(fused)),
+            "SELECT id, conversation_id, turn, seq, ts, epoch, role, text, ids FROM chunks"
+            " WHERE user_hash = %s AND id = ANY(%s)",
+            (user_hash, list(fused)),
         )
         rows = await cur.fetchall()
-        newest = float(rows[0][-1]) if rows else 0.0
+        newest = 0.0
+        if self.half_life_days > 0:  # recency is relative to the user's newest turn
+            cur = await conn.execute(
+                "SELECT coalesce(max(epoch), 0) FROM chunks WHERE user_hash = %s AND NOT recalled",
+                (user_hash,),
+            )
+            newest = float((await cur.fetchone() or (0.0,))[0])
         return top_hits(
             [Candidate(*row[:8], row[8].split()) for row in rows],
             fused,
