@@ -147,9 +147,9 @@ def unavailable() -> JSONResponse:
 def make_store(settings: Settings, writes: ThreadPoolExecutor, metrics: Metrics) -> Store:
     """STORE=files: DATA_DIR and funes or the embedded engine; STORE=postgres: DATABASE_URL."""
     if settings.store == "postgres":
-        from recall.pg.store import PgStore  # psycopg is needed only there
+        from recall.pg.store import from_settings  # psycopg is needed only there
 
-        return PgStore.from_settings(settings)
+        return from_settings(settings)
     return FilesStore(
         settings.data_dir.resolve(),
         make_engine(settings),
