@@ -262,13 +262,19 @@ class IndexRunner:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._pool.shutdown(wait=True)
 
+    @property
+    def running(self) -> int:
+        """Index runs going on in this runner now."""
+        return len(self._runs)
+
     def wake(self) -> None:
         """Look for due users now (a post on this replica), not at the next poll."""
         self._wake.set()
 
     def repair(self, user_hash: str) -> None:
-        """A recall found the user's index unusable: rebuild it from the conversations (the
-        fingerprint cleared, so the next run drops every row first), due at once."""
+        """A recall found no index it could read: make the user's run due now (no wait). The
+        run rebuilds what the conversations need: everything when the chunks were built by
+        another model or layout, else what is missing; a run going on covers it already."""
         task = asyncio.create_task(self._repair(user_hash))
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
@@ -277,11 +283,11 @@ class IndexRunner:
         try:
             async with self.db.user(user_hash) as conn:
                 await conn.execute(
-                    "UPDATE users SET built_by = NULL, due_at = now() WHERE user_hash = %s",
+                    "UPDATE users SET due_at = least(due_at, now()) WHERE user_hash = %s",
                     (user_hash,),
                 )
-        except StoreUnavailable:
-            log.warning("repair of user %s not queued: database unreachable", user_hash)
+        except (StoreUnavailable, psycopg.Error) as exc:
+            log.warning("repair of user %s not queued: %s", user_hash, _describe(exc))
             return
         self.wake()
 
