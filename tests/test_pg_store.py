@@ -693,6 +693,28 @@ async def test_a_forget_on_one_replica_removes_the_index_rows_every_replica_reca
     assert await a.state(ALICE) == "none"
 
 
+async def test_recalls_asking_for_repair_while_a_run_is_due_let_it_finish(
+    indexed_replicas: tuple[PgStore, PgStore],
+) -> None:
+    # Given conversations posted, their index run (long enough to be asked about) due
+    a, b = indexed_replicas
+    await seed(a)
+    words = " ".join(f"word{n}" for n in range(60))
+    for n in range(60):
+        assert await put(a, conversation("alice", f"bulk{n}", f"Note {n}: {words}.", "Ok."))
+
+    # When recalls on the other replica keep finding no index yet, and ask for a repair each
+    # time (as the server does on "unindexed")
+    async def recall_until_ready() -> None:
+        while await b.state(ALICE) != "ready":
+            b.repair(ALICE)
+            await asyncio.sleep(0.05)
+
+    # Then the run is not restarted under them: the index gets ready, and recalls find it
+    await asyncio.wait_for(recall_until_ready(), 60)
+    assert SECRET in (await b.recall(ALICE, SECRET)).text
+
+
 # --- the store's faults ------------------------------------------------------------------------
 
 

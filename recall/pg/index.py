@@ -268,7 +268,9 @@ class IndexRunner:
 
     def repair(self, user_hash: str) -> None:
         """A recall found the user's index unusable: rebuild it from the conversations (the
-        fingerprint cleared, so the next run drops every row first), due at once."""
+        fingerprint cleared, so the next run drops every row first), due at once. Not while a
+        run is going on: it may be the one that builds it, and recalls asking meanwhile would
+        restart it over and over (the files store's `ensure`, likewise)."""
         task = asyncio.create_task(self._repair(user_hash))
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
@@ -277,7 +279,8 @@ class IndexRunner:
         try:
             async with self.db.user(user_hash) as conn:
                 await conn.execute(
-                    "UPDATE users SET built_by = NULL, due_at = now() WHERE user_hash = %s",
+                    "UPDATE users SET built_by = NULL, due_at = now() WHERE user_hash = %s"
+                    " AND (lease_until IS NULL OR lease_until < now())",
                     (user_hash,),
                 )
         except StoreUnavailable:
