@@ -135,6 +135,8 @@ class PgStore:
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.close()
+        if self.search is not None:
+            await self.search.close()
         await self.database.close()
 
     async def ready(self) -> str | None:
@@ -400,12 +402,10 @@ class PgStore:
             erased = {cid: readable_lines(body.encode("utf-8")) for cid, body in rows}
             await self._tombstone(conn, user, erased, key)
             await conn.execute("DELETE FROM conversations WHERE user_hash = %s", (user,))
-            index_rows = await drop_user_index(conn, user)
+            index_rows = await drop_user_index(conn, user)  # its BM25 totals reset too
             await conn.execute("DELETE FROM audit WHERE user_hash = %s", (user,))
             await conn.execute(
-                "UPDATE users SET erasures = erasures + 1, passages = 0, tokens = 0 "
-                "WHERE user_hash = %s",
-                (user,),
+                "UPDATE users SET erasures = erasures + 1 WHERE user_hash = %s", (user,)
             )
             await self._changed(conn, user, forgets=1)
             removed = {"conversations": len(erased), "turns": sum(map(len, erased.values()))}
