@@ -3,12 +3,13 @@
 Two paths, two credentials:
 
 - Write path. The chat gateway POSTs each finished conversation (the whole conversation so far)
-  to /turns with the shared `x-ingest-key`. We validate it, write one funes-format file per
-  conversation atomically under DATA_DIR/<hash of user>/src, and schedule a debounced index run.
+  to /turns with the shared `x-ingest-key`. We validate it and hand it to the store, which keeps
+  it durably (a funes-format file under DATA_DIR/<hash of user>/src, or a committed row in
+  PostgreSQL) before the 202, and schedules a debounced index run.
 - Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp. The user
   comes from the verified bearer token, never from the query. Bounded concurrency, a timeout,
   a character cap, and it fails soft: a memory problem never breaks the conversation. Each call
-  is recorded in the user's own audit (recall/audit.py), which POST /audit returns.
+  is recorded in the user's own audit, which POST /audit returns.
 
 - Lifecycle. POST /forget, /erase and /receipts (same key, the user in the body) forget a
   conversation, erase a user and list the receipts; tombstones keep forgotten turns out of later
@@ -17,13 +18,14 @@ Two paths, two credentials:
   as their agent, sees, searches and forgets their conversations and sees what the assistant
   looked up, through a JSON API under /api/me/ (recall/memory_api.py).
 
-Where code goes: request handling and wiring here; the write path's domain in
-recall/conversations.py (credentials redacted before disk by recall/redaction.py); forget,
-erase, tombstones, receipts and retention in recall/lifecycle.py; the recall audit in
-recall/audit.py; index scheduling in recall/scheduler.py; search engines behind the seam in
-recall/engines/ (funes as a subprocess, or the embedded in-process engine); identity in
-recall/auth.py; settings in recall/settings.py; GET /readyz's checks and GET /metrics in
-recall/metrics.py.
+Where code goes: request handling and wiring here. Everything about a user's memory goes through
+the store seam (recall/store.py), keyed by the user's hash: STORE=files is recall/files_store.py
+over the write path's domain (recall/conversations.py, credentials redacted by
+recall/redaction.py), the lifecycle (recall/lifecycle.py), the audit (recall/audit.py), index
+scheduling (recall/scheduler.py) and the engines (recall/engines/: funes as a subprocess, or the
+embedded in-process engine); STORE=postgres is recall/pg/, which several replicas share. The
+ranking both stores' embedded search use is one pure core (recall/engines/embedded/search.py).
+Identity in recall/auth.py; settings in recall/settings.py; GET /metrics in recall/metrics.py.
 """
 
 from __future__ import annotations
@@ -147,9 +149,9 @@ def unavailable() -> JSONResponse:
 def make_store(settings: Settings, writes: ThreadPoolExecutor, metrics: Metrics) -> Store:
     """STORE=files: DATA_DIR and funes or the embedded engine; STORE=postgres: DATABASE_URL."""
     if settings.store == "postgres":
-        from recall.pg.store import PgStore  # psycopg is needed only there
+        from recall.pg.store import from_settings  # psycopg is needed only there
 
-        return PgStore.from_settings(settings)
+        return from_settings(settings)
     return FilesStore(
         settings.data_dir.resolve(),
         make_engine(settings),

@@ -155,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"recall-server backfill: {exc}", file=sys.stderr)
         return 2
+    if settings.store != "files":  # it writes DATA_DIR; a shared store takes POST /turns
+        print(
+            "recall-server backfill: writes the files store (STORE=files); for PostgreSQL, "
+            "backfill a DATA_DIR, then recall-server import DATA_DIR",
+            file=sys.stderr,
+        )
+        return 2
     try:
         limits = settings.limits()
     except ConfigError as exc:

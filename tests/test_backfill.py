@@ -96,3 +96,24 @@ def test_backfill_leaves_out_what_the_server_forgot(tmp_path: Path) -> None:
         "New plan: quillfern."
     ]
     assert not (src / "c2.funes.jsonl").exists()
+
+
+def test_backfill_with_the_postgres_store_refuses_and_points_at_import(tmp_path: Path) -> None:
+    # Given an operator's settings for the shared store
+    source = tmp_path / "history.jsonl"
+    source.write_text(json.dumps(conversation("alice", "c1", "Ticket MT-4471.", "Ok.")) + "\n")
+    env = make_server(
+        tmp_path, STORE="postgres", DATABASE_URL="postgresql://recall_app@127.0.0.1:1/recall"
+    ).env
+    # When they run the backfill, which writes DATA_DIR
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "recall_server.py"), "backfill", str(source)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # Then it refuses, writes nothing, and names the way in
+    assert done.returncode == 2
+    assert "recall-server import DATA_DIR" in done.stderr
+    assert not (tmp_path / "data").exists()

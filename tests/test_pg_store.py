@@ -17,9 +17,12 @@ from conftest import conversation, turn
 from pg import PgDatabase
 
 from recall.conversations import parse_conversation, user_dir_name
+from recall.embedder import Embedder, load_embedder
 from recall.lifecycle import Forgotten, NotDue, NotFound, expired, turn_digest
 from recall.pg.database import Database
+from recall.pg.index import IndexRunner
 from recall.pg.schema import key_id
+from recall.pg.search import PgSearch
 from recall.pg.store import PgStore, conversation_lock
 from recall.settings import ConfigError
 from recall.store import StoreUnavailable
@@ -630,6 +633,86 @@ async def test_a_sweep_forgets_expired_conversations_and_prunes_old_audit_lines(
     with pytest.raises(Forgotten):
         await put(a, old)  # the same tombstone rule
     assert await b.sweep(30) == 0
+
+
+# --- with the index ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Embedder:
+    return load_embedder(int8=True)  # the tests' shared model cache (conftest.py)
+
+
+@pytest.fixture
+async def indexed_replicas(
+    pg_database: PgDatabase, embedder: Embedder
+) -> AsyncIterator[tuple[PgStore, PgStore]]:
+    """Two replicas with their index runs and recall (recall/pg/index.py, search.py)."""
+    opened = []
+    for _ in range(2):
+        database = Database(pg_database.app_url, 4)
+        runner = IndexRunner(database, embedder, debounce=0.1, concurrency=1, timeout=120)
+        store = PgStore(database, 0.1, runner, PgSearch(database, embedder))
+        await store.start()
+        opened.append(store)
+    yield opened[0], opened[1]
+    for store in opened:
+        await store.close()
+
+
+async def indexed(store: PgStore, user: str) -> None:
+    for _ in range(1200):
+        if await store.indexing() == 0 and await store.state(user) == "ready":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("not indexed in time")
+
+
+async def test_a_forget_on_one_replica_removes_the_index_rows_every_replica_recalls_from(
+    indexed_replicas: tuple[PgStore, PgStore], owner: psycopg.AsyncConnection[Any]
+) -> None:
+    # Given two conversations, indexed
+    a, b = indexed_replicas
+    await seed(a)
+    await indexed(a, ALICE)
+    assert SECRET in (await b.recall(ALICE, SECRET)).text
+    counted = "SELECT count(*) FROM chunks WHERE user_hash = %s AND conversation_id = %s"
+    ((chunks,),) = await rows(owner, counted, ALICE, "secret")
+
+    # When one replica forgets one of them
+    receipt = await a.forget(ALICE, "secret", "request")
+
+    # Then its receipt counts its index rows, none is left, and the other replica recalls none
+    assert chunks > 0 and receipt["removed"]["index_rows"] == chunks
+    assert await rows(owner, counted, ALICE, "secret") == [(0,)]
+    assert SECRET not in (await b.recall(ALICE, SECRET)).text
+    assert KEPT in (await b.recall(ALICE, KEPT)).text
+    # and an erase counts the rest
+    ((rest,),) = await rows(owner, "SELECT count(*) FROM chunks WHERE user_hash = %s", ALICE)
+    assert (await b.erase(ALICE))["removed"]["index_rows"] == rest > 0
+    assert await a.state(ALICE) == "none"
+
+
+async def test_recalls_asking_for_repair_while_a_run_is_due_let_it_finish(
+    indexed_replicas: tuple[PgStore, PgStore],
+) -> None:
+    # Given conversations posted, their index run (long enough to be asked about) due
+    a, b = indexed_replicas
+    await seed(a)
+    words = " ".join(f"word{n}" for n in range(60))
+    for n in range(60):
+        assert await put(a, conversation("alice", f"bulk{n}", f"Note {n}: {words}.", "Ok."))
+
+    # When recalls on the other replica keep finding no index yet, and ask for a repair each
+    # time (as the server does on "unindexed")
+    async def recall_until_ready() -> None:
+        while await b.state(ALICE) != "ready":
+            b.repair(ALICE)
+            await asyncio.sleep(0.05)
+
+    # Then the run is not restarted under them: the index gets ready, and recalls find it
+    await asyncio.wait_for(recall_until_ready(), 60)
+    assert SECRET in (await b.recall(ALICE, SECRET)).text
 
 
 # --- the store's faults ------------------------------------------------------------------------

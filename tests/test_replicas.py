@@ -220,7 +220,13 @@ async def test_the_database_restarted_under_load_fails_soft_and_loses_nothing_ac
         await asyncio.sleep(3)
         down = [json.loads(urlopen_body(s, "/readyz")) for s in (first, second)]
         pg_server.start()
-        await asyncio.sleep(3)
+        recovered_at = len(answers)
+        deadline = time.monotonic() + 60
+        # (it recovers by itself: recalls find passages again)
+        while not any(a not in (UNAVAILABLE, NOTHING_FOUND) for a in answers[recovered_at:]):
+            assert time.monotonic() < deadline, answers[-5:]
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1)
     finally:
         stop.set()
         for poster in posters:
@@ -232,7 +238,6 @@ async def test_the_database_restarted_under_load_fails_soft_and_loses_nothing_ac
     # acknowledged is stored and found
     assert answers and all(isinstance(a, str) and a for a in answers)
     assert UNAVAILABLE in answers  # some calls came while it was away
-    assert any(a not in (UNAVAILABLE, NOTHING_FOUND) for a in answers[-4:])  # and it recovered
     assert down == [{"status": "not ready", "failed": "database"}] * 2
     assert refused and all(code == 503 and retry for code, retry in refused)
     second.wait_indexed("alice")

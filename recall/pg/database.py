@@ -37,6 +37,7 @@ Connection = psycopg.AsyncConnection[Any]
 
 class Database:
     def __init__(self, url: str, size: int) -> None:
+        self.where = _where(url)
         self._pool = AsyncConnectionPool(
             url,
             min_size=1,
@@ -106,6 +107,16 @@ class Database:
             if _away(exc):
                 raise StoreUnavailable(UNREACHABLE) from exc
             raise
+
+
+def _where(url: str) -> str:
+    """host:port/dbname as user, for the start-up line: never the password."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "(DATABASE_URL not readable)"
+    host, port = info.get("host", "localhost"), info.get("port", "5432")
+    return f"{host}:{port}/{info.get('dbname', '')} as {info.get('user', '')}"
 
 
 def _away(exc: psycopg.OperationalError) -> bool:

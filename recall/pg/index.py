@@ -274,7 +274,8 @@ class IndexRunner:
     def repair(self, user_hash: str) -> None:
         """A recall found no index it could read: make the user's run due now (no wait). The
         run rebuilds what the conversations need: everything when the chunks were built by
-        another model or layout, else what is missing; a run going on covers it already."""
+        another model or layout, else what is missing. Not while a run is going on: it covers
+        it, and recalls asking meanwhile must not restart it over and over."""
         task = asyncio.create_task(self._repair(user_hash))
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
@@ -283,7 +284,8 @@ class IndexRunner:
         try:
             async with self.db.user(user_hash) as conn:
                 await conn.execute(
-                    "UPDATE users SET due_at = least(due_at, now()) WHERE user_hash = %s",
+                    "UPDATE users SET due_at = least(due_at, now()) WHERE user_hash = %s"
+                    " AND (lease_until IS NULL OR lease_until < now())",
                     (user_hash,),
                 )
         except (StoreUnavailable, psycopg.Error) as exc:

@@ -50,7 +50,7 @@ from recall.pg.database import Database
 from recall.pg.index import IndexRunner, drop_conversation, drop_user_index
 from recall.pg.schema import check_schema, key_id
 from recall.pg.search import PgSearch
-from recall.settings import ConfigError
+from recall.settings import ConfigError, Settings
 from recall.store import AuditLine, Mark, MemoryState, Receipt, StoreUnavailable, Turn
 
 log = logging.getLogger("recall.pg.store")
@@ -92,6 +92,7 @@ class PgStore:
     search.py) are the index half; without them the truth half works alone."""
 
     name = "postgres"
+    engine_name = "embedded"  # the embedded ranking, over the database
 
     def __init__(
         self,
@@ -107,6 +108,9 @@ class PgStore:
         self._keys: dict[str, bytes] = {}  # key_id -> key: never change once made
         self._current: tuple[str, bytes] | None = None  # the key new tombstones are made under
         self._schema_checked = False
+
+    def describe(self) -> str:
+        return f"embedded ranking on the postgres store, database {self.database.where}"
 
     # --- life ---------------------------------------------------------------------------------
 
@@ -131,6 +135,8 @@ class PgStore:
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.close()
+        if self.search is not None:
+            await self.search.close()
         await self.database.close()
 
     async def ready(self) -> str | None:
@@ -396,12 +402,10 @@ class PgStore:
             erased = {cid: readable_lines(body.encode("utf-8")) for cid, body in rows}
             await self._tombstone(conn, user, erased, key)
             await conn.execute("DELETE FROM conversations WHERE user_hash = %s", (user,))
-            index_rows = await drop_user_index(conn, user)
+            index_rows = await drop_user_index(conn, user)  # its BM25 totals reset too
             await conn.execute("DELETE FROM audit WHERE user_hash = %s", (user,))
             await conn.execute(
-                "UPDATE users SET erasures = erasures + 1, passages = 0, tokens = 0 "
-                "WHERE user_hash = %s",
-                (user,),
+                "UPDATE users SET erasures = erasures + 1 WHERE user_hash = %s", (user,)
             )
             await self._changed(conn, user, forgets=1)
             removed = {"conversations": len(erased), "turns": sum(map(len, erased.values()))}
@@ -506,3 +510,41 @@ class PgStore:
     def repair(self, user: str) -> None:
         if self.runner is not None:
             self.runner.repair(user)
+
+
+def from_settings(settings: Settings) -> PgStore:
+    """The PostgreSQL store a replica serves from (STORE=postgres): the pool, the embedded
+    ranking over the database, and the index runs it claims. ConfigError when the model cannot
+    be loaded."""
+    from recall.embedder import QUERY_THREADS, load_embedder
+
+    assert settings.database_url is not None  # Settings.problems() requires it
+    model, pooling = settings.embed_model_dir, settings.embed_pooling
+    int8 = settings.embed_compute == "int8"
+    try:
+        # Queries on few threads (as the embedded engine); index runs on threads of their own,
+        # with a model instance of their own.
+        queries = load_embedder(model, pooling, threads=QUERY_THREADS, int8=int8)
+        runs = load_embedder(model, pooling, int8=int8)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"embedding model: {exc}") from exc
+    database = Database(settings.database_url, settings.database_pool)
+    runner = IndexRunner(
+        database,
+        runs,
+        debounce=settings.index_debounce,
+        concurrency=settings.index_concurrency,
+        lease_seconds=settings.index_lease,
+        timeout=settings.index_timeout,
+    )
+    search = PgSearch(
+        database,
+        queries,
+        k=settings.recall_k,
+        candidates=settings.recall_candidates,
+        max_chars=settings.max_result_chars,
+        half_life_days=settings.recall_half_life_days,
+        min_similarity=settings.recall_min_similarity,
+        recall_concurrency=settings.recall_concurrency,
+    )
+    return PgStore(database, settings.index_debounce, runner, search)
