@@ -132,6 +132,12 @@ def runner(db: Database, embedder: Embedder, **options: Any) -> IndexRunner:
     return IndexRunner(db, embedder, **(settings | options))
 
 
+async def stop(work: IndexRunner) -> None:
+    """Close a runner, within bounds: a close that hangs fails the test."""
+    async with asyncio.timeout(30):
+        await work.close()
+
+
 def settled(superuser: psycopg.Connection[Any], *users: str) -> bool:
     """No index run due or going on for these users."""
     (busy,) = superuser.execute(
@@ -156,7 +162,7 @@ async def index_once(db: Database, embedder: Embedder, superuser: Any, *users: s
     try:
         await indexed(superuser, *users)
     finally:
-        await work.close()
+        await stop(work)
 
 
 def consistent_stats(superuser: psycopg.Connection[Any], user: str) -> None:
@@ -441,7 +447,7 @@ async def test_another_embedder_fingerprint_rebuilds_the_index_and_is_never_mixe
     work.repair(alice)
     await asyncio.sleep(0.2)
     await indexed(superuser, "alice")
-    await work.close()
+    await stop(work)
 
     # Then every piece was embedded again by the new model, and the index is its own
     assert other.calls == pieces
@@ -505,7 +511,7 @@ async def test_a_run_stopped_mid_way_is_finished_by_another_runner_once_its_leas
     assert flushed > 0
 
     # When A stops there (its process killed: the lease is left to run out) and B starts
-    stopping = asyncio.create_task(first.close())
+    stopping = asyncio.create_task(stop(first))
     await asyncio.sleep(0.1)
     gate.release.set()
     await stopping
@@ -524,7 +530,7 @@ async def test_a_run_stopped_mid_way_is_finished_by_another_runner_once_its_leas
             claimed_at = time.time()
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
-    await second.close()
+    await stop(second)
     await first_db.close()
     await second_db.close()
 
@@ -577,7 +583,7 @@ async def test_a_flush_writes_nothing_once_its_lease_is_another_runners(
     # Then its second flush wrote nothing, and it left the other runner's lease alone
     assert superuser.execute("SELECT count(*) FROM chunks").fetchone() == before
     assert superuser.execute("SELECT lease_owner FROM users").fetchone() == ("another-replica",)
-    await held.close()
+    await stop(held)
 
 
 async def test_a_conversation_forgotten_or_rewritten_mid_run_is_never_written_from_its_old_read(
@@ -608,7 +614,7 @@ async def test_a_conversation_forgotten_or_rewritten_mid_run_is_never_written_fr
     assert chunk_texts(superuser, USER, rewritten) == []
     assert superuser.execute("SELECT due_at IS NOT NULL FROM users").fetchone() == (True,)
     consistent_stats(superuser, USER)
-    await held.close()
+    await stop(held)
 
     # And the next run indexes the new text only
     superuser.execute("UPDATE users SET due_at = now()")
@@ -736,7 +742,8 @@ async def test_a_cancelled_recall_leaves_the_pool_and_the_next_recall_whole(
         await asyncio.gather(task, return_exceptions=True)
 
     # Then the next recall answers at once, as before
-    assert await asyncio.wait_for(search.recall(alice, "MT-4471 owner"), 10) == expected
+    async with asyncio.timeout(10):
+        assert await search.recall(alice, "MT-4471 owner") == expected
     await search.close()
 
 

@@ -304,8 +304,11 @@ class IndexRunner:
                     task = asyncio.create_task(self._run(user_hash))
                     self._runs[user_hash] = task
                     task.add_done_callback(self._finished(user_hash))
+            # asyncio.timeout, not wait_for: 3.11's wait_for can lose a cancellation that meets
+            # the event being set (close() then waited for this loop for ever).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+                async with asyncio.timeout(self.poll_seconds):
+                    await self._wake.wait()
 
     def _finished(self, user_hash: str) -> Callable[[asyncio.Task[None]], None]:
         def done(task: asyncio.Task[None]) -> None:
