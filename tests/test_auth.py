@@ -58,7 +58,7 @@ def test_mcp_with_an_unknown_token_is_401(funes_server: Server) -> None:
 def test_healthz_needs_no_auth_and_tells_no_user_data(funes_server: Server) -> None:
     with urllib.request.urlopen(f"{funes_server.url}/healthz", timeout=5) as response:
         assert response.status == 200
-        assert response.read() == b'{"status":"ok","engine":"funes","indexing":0}'
+        assert response.read() == b'{"status":"ok","store":"files","engine":"funes","indexing":0}'
 
 
 async def test_each_token_only_ever_reaches_its_own_users_directory(
