@@ -564,9 +564,6 @@ async def caught_mid_run(
     return held, gate, sorted(b["conversation_id"] for b in bodies)
 
 
-@pytest.mark.skip(
-    reason="hangs when run after the stopped-run test (passes alone): a known bug, issue 22"
-)
 async def test_a_flush_writes_nothing_once_its_lease_is_another_runners(
     embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
