@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import re
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,15 +30,12 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from benchmark import load
-from recall.testing import ROOT, LocalServer, free_port, make_server
+from recall.testing import ROOT, LocalServer, make_server, running_nginx
 
-NGINX_CONF = ROOT / "deploy" / "nginx.conf"
-REPLICA_NAMES = ("replica-1", "replica-2")
 LB_HOST = "recall.internal"  # the Host deploy/nginx.conf sends every replica
 
 
@@ -64,45 +57,6 @@ def replica_one(workdir: Path, users: list[str], database_url: str) -> LocalServ
         LOG_LEVEL="WARNING",
         INDEX_LEASE="5",
     )
-
-
-@contextlib.contextmanager
-def nginx(workdir: Path, replicas: list[LocalServer]) -> Iterator[str]:
-    """deploy/nginx.conf in front of these replicas on a free loopback port; its URL."""
-    port = free_port()
-    text = NGINX_CONF.read_text(encoding="utf-8")
-    for name, replica in zip(REPLICA_NAMES, replicas, strict=True):
-        text = text.replace(f"server {name}:8000", f"server 127.0.0.1:{replica.env['PORT']}")
-    text = re.sub(r"listen \d+;", f"listen 127.0.0.1:{port};", text)
-    temp = "".join(
-        f"    {kind}_temp_path {workdir}/{kind};\n"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    config = workdir / "nginx.conf"
-    config.write_text(text.replace("http {\n", "http {\n" + temp, 1), encoding="utf-8")
-    daemon = f"daemon off; pid {workdir}/nginx.pid;"
-    with open(workdir / "nginx.log", "wb") as log:
-        process = subprocess.Popen(
-            ["nginx", "-p", f"{workdir}/", "-c", str(config), "-e", "stderr", "-g", daemon],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while not _open(port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((workdir / "nginx.log").read_text())
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-def _open(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-    return False
 
 
 def load_args(url: str, server: LocalServer, args: argparse.Namespace, *extra: str) -> Any:
@@ -191,7 +145,7 @@ async def kill_run(
     await asyncio.gather(*callers, return_exceptions=True)
     # Every 202 is stored and, once indexed, found, on the replica that lived.
     second.wait_indexed(user, timeout=600)
-    lost = [cid for cid in acknowledged if not stored(second, user, cid)]
+    lost = [cid for cid in acknowledged if second.stored_turns(user, cid) is None]
     return {
         "killed_at_s": killed_at,
         "posts_by_status": dict(statuses),
@@ -199,19 +153,6 @@ async def kill_run(
         "acknowledged": len(acknowledged),
         "acknowledged_but_not_stored": len(lost),
     }
-
-
-def stored(server: LocalServer, user: str, cid: str) -> bool:
-    request = urllib.request.Request(
-        f"{server.url}/api/me/conversation",
-        data=json.dumps({"conversation_id": cid}).encode(),
-        headers={"authorization": f"Bearer {server.tokens[user]}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30):
-            return True
-    except urllib.error.HTTPError:
-        return False
 
 
 def now() -> str:
@@ -239,7 +180,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if shutil.which("nginx") is None:
                 print("nginx is not installed: two replicas and the kill run skipped")
                 return results
-            with second.start(timeout=120), nginx(workdir, [first, second]) as balanced:
+            addresses = [f"127.0.0.1:{r.env['PORT']}" for r in (first, second)]
+            with second.start(timeout=120), running_nginx(workdir, addresses) as lb:
+                balanced = lb.url
                 print("\n#### two replicas behind nginx")
                 recall = load_args(balanced, first, args, "--phase", "recall")
                 results["two_recall"] = (await load.run(recall))[0]

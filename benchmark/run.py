@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -209,13 +210,22 @@ async def engine_alone(data_dir: Path, engine: str, questions: list[Question]) -
     searcher = make_engine(Settings(engine=engine, funes_bin=os.environ.get("FUNES_BIN")))
     load_s = time.perf_counter() - started
     home = data_dir / user_dir_name(USER)
-    await searcher.recall(home, "warm up")  # the first call loads and caches the vectors
-    figures: dict[str, Any] = {"engine_load_s": round(load_s, 2)}
+    figures = await timed_recalls(lambda query: searcher.recall(home, query), questions)
+    return {"engine_load_s": round(load_s, 2), **figures}
+
+
+async def timed_recalls(
+    recall: Callable[[str], Awaitable[Any]], questions: list[Question]
+) -> dict[str, Any]:
+    """Every question, long and short, through ``recall`` after one warm-up call (it loads and
+    caches what a first recall needs): the latency by mode."""
+    await recall("warm up")
+    figures: dict[str, Any] = {}
     for mode in ("long", "short"):
         latencies = []
         for q in questions:
             started = time.perf_counter()
-            await searcher.recall(home, q.question if mode == "long" else q.short_query)
+            await recall(q.question if mode == "long" else q.short_query)
             latencies.append((time.perf_counter() - started) * 1000)
         figures[f"engine_{mode}"] = timing(latencies)
     return figures
@@ -289,19 +299,11 @@ async def store_alone(database_url: str, questions: list[Question]) -> dict[str,
     await store.start()
     load_s = time.perf_counter() - started
     user = user_dir_name(USER)
-    figures: dict[str, Any] = {"engine_load_s": round(load_s, 2)}
     try:
-        await store.recall(user, "warm up")
-        for mode in ("long", "short"):
-            latencies = []
-            for q in questions:
-                started = time.perf_counter()
-                await store.recall(user, q.question if mode == "long" else q.short_query)
-                latencies.append((time.perf_counter() - started) * 1000)
-            figures[f"engine_{mode}"] = timing(latencies)
+        figures = await timed_recalls(lambda query: store.recall(user, query), questions)
     finally:
         await store.close()
-    return figures
+    return {"engine_load_s": round(load_s, 2), **figures}
 
 
 def machine() -> str:

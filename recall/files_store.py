@@ -121,6 +121,9 @@ class FilesStore:
     async def conversation_ids(self, user: str) -> list[str]:
         return await run_in(self.writes, conversation_ids, self.home(user))
 
+    async def conversations(self, user: str) -> dict[str, list[Turn]]:
+        return await run_in(self.writes, _read_all, self.home(user))
+
     async def turns(self, user: str, conversation_id: str) -> list[Turn] | None:
         return await run_in(self.writes, _read_turns, self.home(user), conversation_id)
 
@@ -182,6 +185,18 @@ def conversation_ids(home: Path) -> list[str]:
     if not src.is_dir():
         return []
     return sorted(p.name[: -len(SOURCE_SUFFIX)] for p in src.glob(f"*{SOURCE_SUFFIX}"))
+
+
+def _read_all(home: Path) -> dict[str, list[Turn]]:
+    found = {}
+    for conversation_id in conversation_ids(home):
+        try:
+            found[conversation_id] = read_source(home / "src" / f"{conversation_id}{SOURCE_SUFFIX}")
+        except FileNotFoundError:  # forgotten since the listing
+            continue
+        except (OSError, ValueError):  # unreadable: the list goes on without it
+            log.warning("user %s: a conversation could not be read for the list", home.name)
+    return found
 
 
 def _read_turns(home: Path, conversation_id: str) -> list[Turn] | None:

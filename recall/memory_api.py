@@ -141,15 +141,11 @@ def summary(conversation_id: str, turns: list[dict[str, Any]]) -> dict[str, Any]
 
 async def list_conversations(store: Store, user: str) -> list[dict[str, Any]]:
     """Every readable conversation, newest first (by its first turn), with its first line."""
-    found = []
-    for conversation_id in await store.conversation_ids(user):
-        try:
-            lines = await store.turns(user, conversation_id)
-        except (OSError, ValueError):  # unreadable: the list goes on without it
-            log.warning("user %s: a conversation could not be read for the list", user)
-            continue
-        if lines:
-            found.append(summary(conversation_id, page_turns(lines)))
+    found = [
+        summary(conversation_id, page_turns(lines))
+        for conversation_id, lines in (await store.conversations(user)).items()
+        if lines
+    ]
     found.sort(key=lambda c: (c["date"], c["conversation_id"]), reverse=True)
     return found
 

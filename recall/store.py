@@ -75,6 +75,11 @@ class Store(Protocol):
 
     async def conversation_ids(self, user: str) -> list[str]: ...
 
+    async def conversations(self, user: str) -> dict[str, list[Turn]]:
+        """Every stored conversation's lines by id, read at once (the memory page's list); one
+        that cannot be read is left out, with a warning in the log."""
+        ...
+
     async def turns(self, user: str, conversation_id: str) -> list[Turn] | None:
         """One conversation's stored lines in order; None when there is no such conversation."""
         ...

@@ -7,8 +7,10 @@ so whatever uses it exercises the real HTTP server, the real MCP transport and r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -16,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,22 @@ class LocalServer:
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")
 
+    def stored_turns(self, user: str, conversation_id: str) -> list[dict[str, Any]] | None:
+        """A stored conversation's turns (seq, ts, role, text, recalled) as the user's memory
+        page reads them, from whichever store; None when there is no such conversation."""
+        request = urllib.request.Request(
+            f"{self.url}/api/me/conversation",
+            data=json.dumps({"conversation_id": conversation_id}).encode(),
+            headers={"authorization": f"Bearer {self.tokens[user]}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())["turns"]
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
     async def recall(self, user: str, query: str) -> str:
         """One tool call in its own MCP session, with the user's bearer token."""
         async with Client(f"{self.url}/mcp", auth=self.tokens[user]) as client:
@@ -191,3 +209,63 @@ def make_server(
     return LocalServer.create(
         workdir / "data", workdir / log_name, tokens, **{**defaults, **settings}
     )
+
+
+# --- deploy/nginx.conf in front of local replicas (the replicas' tests and benchmark) ----------
+
+NGINX_CONF = ROOT / "deploy" / "nginx.conf"
+REPLICA_NAMES = ("replica-1", "replica-2")  # the upstream servers deploy/nginx.conf names
+NGINX_TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+
+
+def nginx_copy(workdir: Path, replicas: list[str], port: int) -> Path:
+    """deploy/nginx.conf as it runs here: the replicas at these addresses, listening on this
+    loopback port, its temporary files under workdir. Nothing else changes."""
+    text = NGINX_CONF.read_text(encoding="utf-8")
+    for name, address in zip(REPLICA_NAMES, replicas, strict=True):
+        text = text.replace(f"server {name}:8000", f"server {address}")
+    text = re.sub(r"listen \d+;", f"listen 127.0.0.1:{port};", text)
+    temp = "".join(f"    {kind}_temp_path {workdir}/{kind};\n" for kind in NGINX_TEMP_PATHS)
+    config = workdir / "nginx.conf"
+    config.write_text(text.replace("http {\n", "http {\n" + temp, 1), encoding="utf-8")
+    return config
+
+
+@dataclass
+class Nginx:
+    url: str
+    access_log: Path
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def running_nginx(workdir: Path, replicas: list[str], port: int | None = None) -> Iterator[Nginx]:
+    """Debian's nginx (`apt-get install nginx`) running deploy/nginx.conf in front of these
+    replica addresses (host:port) until the block ends."""
+    port = port or free_port()
+    config = nginx_copy(workdir, replicas, port)
+    access_log, error_log = workdir / "access.log", workdir / "error.log"
+    daemon = f"daemon off; pid {workdir}/nginx.pid;"
+    process = subprocess.Popen(
+        ["nginx", "-p", f"{workdir}/", "-c", str(config), "-e", "stderr", "-g", daemon],
+        stdout=open(access_log, "wb"),  # noqa: SIM115 - the child owns them
+        stderr=open(error_log, "wb"),  # noqa: SIM115
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while process.poll() is None and not port_open(port):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nginx did not listen on {port}")
+            time.sleep(0.05)
+        if process.poll() is not None:
+            raise RuntimeError(f"nginx exited: {error_log.read_text()}")
+        yield Nginx(f"http://127.0.0.1:{port}", access_log, process)
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False

@@ -151,9 +151,12 @@ class Backing:
             return {}
         return {"STORE": "postgres", "DATABASE_URL": self.database.app_url}
 
-    def snapshot(self, server: LocalServer) -> Any:
+    def snapshot(self, server: LocalServer, settle: bool = True) -> Any:
         """Everything the store holds, for "nothing was written" checks: the files under
-        DATA_DIR, or every table's rows."""
+        DATA_DIR, or every table's rows. With ``settle``, taken once no index run is due or
+        going on: a run an earlier write made due must not end between a test's two snapshots."""
+        if settle:
+            wait_for(lambda: server.health()["indexing"] == 0, timeout=120)
         if self.database is None:
             return tree(server.data_dir)
         return table_rows(self.database.superuser_url)

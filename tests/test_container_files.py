@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -26,11 +25,11 @@ from typing import Any, ClassVar
 
 import pytest
 import yaml
-from conftest import conversation, make_server, wait_for
+from conftest import conversation, make_server
 
 from recall.pg.schema import APP_ROLE
 from recall.settings import Settings
-from recall.testing import free_port
+from recall.testing import NGINX_CONF, REPLICA_NAMES, free_port, nginx_copy, running_nginx
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -386,8 +385,6 @@ def test_the_demo_compose_file_requires_nothing_but_the_ingest_key() -> None:
 # --- compose.replicas.yaml and deploy/ -----------------------------------------------------------
 
 REPLICAS = ROOT / "compose.replicas.yaml"
-NGINX_CONF = ROOT / "deploy" / "nginx.conf"
-REPLICA_NAMES = ("replica-1", "replica-2")
 # A password or key in a compose file: from the environment, required, never a default.
 SECRET_NAME = re.compile(r"PASSWORD|KEY|SECRET|TOKEN")
 REQUIRED_FROM_ENV = re.compile(r"\$\{(\w+):\?[^}]+\}")
@@ -595,55 +592,6 @@ def test_the_load_balancer_sends_a_post_again_only_for_turns() -> None:
 needs_nginx = pytest.mark.skipif(
     shutil.which("nginx") is None, reason="nginx is not installed (apt-get install nginx)"
 )
-
-
-def nginx_copy(tmp_path: Path, replicas: list[str], port: int) -> Path:
-    """deploy/nginx.conf as a test runs it: the replicas at these addresses, listening on this
-    loopback port, its temporary files under tmp_path. Nothing else changes."""
-    text = NGINX_CONF.read_text(encoding="utf-8")
-    for name, address in zip(REPLICA_NAMES, replicas, strict=True):
-        text = text.replace(f"server {name}:8000", f"server {address}")
-    text = re.sub(r"listen \d+;", f"listen 127.0.0.1:{port};", text)
-    temp = "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n" for kind in NGINX_TEMP_PATHS)
-    config = tmp_path / "nginx.conf"
-    config.write_text(text.replace("http {\n", "http {\n" + temp, 1), encoding="utf-8")
-    return config
-
-
-NGINX_TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-
-
-@dataclass
-class Nginx:
-    url: str
-    access_log: Path
-    process: subprocess.Popen[bytes]
-
-
-@contextlib.contextmanager
-def running_nginx(tmp_path: Path, replicas: list[str], port: int | None = None) -> Iterator[Nginx]:
-    port = port or free_port()
-    config = nginx_copy(tmp_path, replicas, port)
-    access_log, error_log = tmp_path / "access.log", tmp_path / "error.log"
-    daemon = f"daemon off; pid {tmp_path}/nginx.pid;"
-    process = subprocess.Popen(
-        ["nginx", "-p", f"{tmp_path}/", "-c", str(config), "-e", "stderr", "-g", daemon],
-        stdout=open(access_log, "wb"),  # noqa: SIM115 - the child owns them
-        stderr=open(error_log, "wb"),  # noqa: SIM115
-    )
-    try:
-        wait_for(lambda: process.poll() is not None or port_open(port), timeout=30)
-        assert process.poll() is None, error_log.read_text()
-        yield Nginx(f"http://127.0.0.1:{port}", access_log, process)
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-def port_open(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-    return False
 
 
 def request(

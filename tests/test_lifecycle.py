@@ -10,8 +10,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -110,30 +108,13 @@ def receipts(server: Server, user: str) -> list[dict[str, Any]]:
     return body["receipts"]
 
 
-def turns_stored(server: Server, user: str, cid: str) -> list[dict[str, Any]] | None:
-    """Each stored turn of a conversation (seq, ts, role, text, recalled) as the user's memory
-    page reads it from whichever store; None when there is none."""
-    request = urllib.request.Request(
-        f"{server.url}/api/me/conversation",
-        data=json.dumps({"conversation_id": cid}).encode(),
-        headers={"authorization": f"Bearer {server.tokens[user]}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())["turns"]
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
-
-
 def is_stored(server: Server, user: str, cid: str) -> bool:
-    return turns_stored(server, user, cid) is not None
+    return server.stored_turns(user, cid) is not None
 
 
 def stored(server: Server, user: str, cid: str) -> list[tuple[int, str]]:
     """(seq, text) of each stored turn of a conversation."""
-    return [(t["seq"], t["text"]) for t in turns_stored(server, user, cid) or []]
+    return [(t["seq"], t["text"]) for t in server.stored_turns(user, cid) or []]
 
 
 def holds_nothing_of(server: Server, user: str) -> bool:
@@ -371,7 +352,7 @@ def test_only_a_turn_of_the_same_role_second_and_text_stays_forgotten(
 
     # Then only the forgotten turn is left out
     assert status == 202
-    turns = turns_stored(server, user, "secret") or []
+    turns = server.stored_turns(user, "secret") or []
     assert [(t["seq"], t["role"], t["ts"], t["text"]) for t in turns] == [
         (0, "assistant", "2026-10-08T09:00:00Z", said),
         (1, "user", "2026-10-08T09:00:01Z", said),

@@ -44,21 +44,6 @@ def replicas(tmp_path: Path, pg_database: PgDatabase) -> Iterator[tuple[Server, 
         yield first, second
 
 
-def memory_page_turns(server: Server, user: str, cid: str) -> list[dict[str, Any]] | None:
-    request = urllib.request.Request(
-        f"{server.url}/api/me/conversation",
-        data=f'{{"conversation_id": "{cid}"}}'.encode(),
-        headers={"authorization": f"Bearer {server.tokens[user]}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())["turns"]
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
-
-
 def urlopen_body(server: Server, path: str) -> bytes:
     try:
         with urllib.request.urlopen(f"{server.url}{path}", timeout=30) as response:
@@ -95,7 +80,7 @@ async def test_a_forget_on_one_replica_is_honoured_by_the_other_at_once(
     assert status == 200 and receipt["removed"]["conversations"] == 1
     # the very next recall on the replica that did not forget finds nothing of it
     assert "zephyrquartz" not in await first.recall("alice", "vault code word zephyrquartz")
-    assert memory_page_turns(first, "alice", "vault") is None
+    assert first.stored_turns("alice", "vault") is None
     assert "marigoldvector" in await first.recall("alice", "garden plan marigoldvector")
     assert first.post(secret)[0] == 410  # its tombstone holds on both
 
@@ -126,7 +111,7 @@ def test_the_same_conversation_posted_to_both_at_once_ends_whole(
         thread.join()
 
     assert set(statuses) == {202}
-    stored = memory_page_turns(second, "alice", "race")
+    stored = second.stored_turns("alice", "race")
     texts = [t["text"] for t in stored or []]
     # one whole version, never a mix (they differ in every turn: whichever came last is stored)
     assert texts in [[t["text"] for t in version["turns"]] for version in versions]
@@ -243,5 +228,5 @@ async def test_the_database_restarted_under_load_fails_soft_and_loses_nothing_ac
     second.wait_indexed("alice")
     assert acknowledged
     for cid in random.Random(7).sample(acknowledged, min(12, len(acknowledged))):
-        assert memory_page_turns(second, "alice", cid) is not None, cid
+        assert second.stored_turns("alice", cid) is not None, cid
         assert f"Load note {cid}:" in await second.recall("alice", f"load note {cid}"), cid

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from recall.engines.base import Engine
 from recall.engines.funes import FunesEngine, find_funes
 from recall.settings import ConfigError, Settings
+
+if TYPE_CHECKING:  # onnxruntime is heavy: imported only where a model is loaded
+    from recall.embedder import Embedder
 
 log = logging.getLogger("recall")
 
@@ -27,17 +31,14 @@ def make_engine(settings: Settings) -> Engine:
             max_output_bytes=4 * settings.max_result_chars,
         )
     # Imported here: onnxruntime is heavy, and a funes deployment never needs it.
-    from recall.embedder import QUERY_THREADS, load_embedder
+    from recall.embedder import QUERY_THREADS
     from recall.engines.embedded import EmbeddedEngine
     from recall.engines.embedded.worker import IndexWorkers
 
     model, pooling = settings.embed_model_dir, settings.embed_pooling
     int8 = settings.embed_compute == "int8"
-    try:
-        # This process embeds queries only; index runs embed in worker processes of their own.
-        embedder = load_embedder(model, pooling, threads=QUERY_THREADS, int8=int8)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"embedding model: {exc}") from exc
+    # This process embeds queries only; index runs embed in worker processes of their own.
+    embedder = configured_embedder(settings, QUERY_THREADS)
     workers = IndexWorkers(
         settings.index_concurrency,
         model,
@@ -60,3 +61,20 @@ def make_engine(settings: Settings) -> Engine:
         index_concurrency=settings.index_concurrency,
         recall_concurrency=settings.recall_concurrency,
     )
+
+
+def configured_embedder(settings: Settings, threads: int | None = None) -> Embedder:
+    """The EMBED_* model, on ``threads`` intra-op threads (None: the embedder's default);
+    ConfigError when it cannot be loaded."""
+    from recall.embedder import load_embedder  # onnxruntime: only where a model is needed
+
+    more = {} if threads is None else {"threads": threads}
+    try:
+        return load_embedder(
+            settings.embed_model_dir,
+            settings.embed_pooling,
+            int8=settings.embed_compute == "int8",
+            **more,
+        )
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"embedding model: {exc}") from exc

@@ -15,8 +15,8 @@ stopped) mid-run leaves it to run out, and another replica claims the user and f
 flush was one transaction, and a flush whose lease is no longer its own writes nothing.
 
 Embedding and stemming run on a pool of `concurrency` threads, never on the event loop. The
-embedder is the caller's: onnxruntime runs one session from several threads, so a replica
-shares one model between recalls and index runs, as the embedded engine does.
+embedder is the caller's (onnxruntime runs one session from several threads); a replica gives
+its index runs a model instance of their own (recall.pg.store.from_settings).
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ from recall.store import StoreUnavailable
 log = logging.getLogger("recall.pg.index")
 
 RETRY_SECONDS = 30.0  # a failed run's user is due again after this long (or the debounce)
+# Conversations a run reads in one snapshot: a few round trips for a large import, not one per
+# conversation, and never more than this many conversations' pieces held at once.
+PLAN_READS = 32
 
 
 def fingerprint(embedder: Embedder) -> str:
@@ -369,12 +372,7 @@ class IndexRunner:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
                 async with self.db.user(user_hash) as conn:
-                    cur = await conn.execute(
-                        "UPDATE users SET lease_until = now() + make_interval(secs => %s)"
-                        " WHERE user_hash = %s AND lease_owner = %s RETURNING 1",
-                        (self.lease_seconds, user_hash, self.owner),
-                    )
-                    if await cur.fetchone() is None:
+                    if not await self._extend_lease(conn, user_hash):
                         lost.set()
                         return
             except (StoreUnavailable, psycopg.Error):
@@ -392,12 +390,17 @@ class IndexRunner:
             row = await cur.fetchone()
             if row is None or row[0] != self.owner:
                 raise LeaseLost
-            await conn.execute(
-                "UPDATE users SET lease_until = now() + make_interval(secs => %s)"
-                " WHERE user_hash = %s",
-                (self.lease_seconds, user_hash),
-            )
+            await self._extend_lease(conn, user_hash)
             yield conn
+
+    async def _extend_lease(self, conn: Connection, user_hash: str) -> bool:
+        """The lease renewed for another ``lease_seconds``, if it is still this runner's."""
+        cur = await conn.execute(
+            "UPDATE users SET lease_until = now() + make_interval(secs => %s)"
+            " WHERE user_hash = %s AND lease_owner = %s RETURNING 1",
+            (self.lease_seconds, user_hash, self.owner),
+        )
+        return await cur.fetchone() is not None
 
     async def _index(self, user_hash: str, check: Callable[[], None]) -> int:
         """Bring the user's index up to date; the `changes` it covers (read at its start)."""
@@ -434,55 +437,69 @@ class IndexRunner:
         )
         pending: list[_Work] = []
         to_embed = 0
-        for conv in changed:
-            work = await self._plan(user_hash, conv)
-            if work is None:
-                continue
-            pending.append(work)
-            to_embed += sum(1 for row in work.write if row.vec is None)
-            if batch_full(len(pending), to_embed):
-                check()
-                await self._flush(user_hash, pending)
-                pending, to_embed = [], 0
+        for start in range(0, len(changed), PLAN_READS):
+            for work in await self._plan(user_hash, changed[start : start + PLAN_READS]):
+                pending.append(work)
+                to_embed += sum(1 for row in work.write if row.vec is None)
+                if batch_full(len(pending), to_embed):
+                    check()
+                    await self._flush(user_hash, pending)
+                    pending, to_embed = [], 0
         if pending:
             check()
             await self._flush(user_hash, pending)
         return int(changes)
 
-    async def _plan(self, user_hash: str, conv: str) -> _Work | None:
-        """What one conversation needs, read in one snapshot; None when it is gone or its
-        stored body cannot be read as pieces."""
+    async def _plan(self, user_hash: str, convs: list[str]) -> list[_Work]:
+        """What these conversations need, in their order, read in one snapshot; one that is
+        gone (forgotten since the run began) or whose stored body cannot be read as pieces is
+        left out."""
         async with self.db.user(user_hash, read_only=True, repeatable=True) as conn:
             cur = await conn.execute(
-                "SELECT version, body FROM conversations"
-                " WHERE user_hash = %s AND conversation_id = %s",
-                (user_hash, conv),
+                "SELECT conversation_id, version, body FROM conversations"
+                " WHERE user_hash = %s AND conversation_id = ANY(%s)",
+                (user_hash, convs),
             )
-            found = await cur.fetchone()
-            if found is None:
-                return None  # forgotten since the run began
-            version, body = found
+            found = {conv: (version, body) for conv, version, body in await cur.fetchall()}
             cur = await conn.execute(
-                "SELECT chunk, id, seq, ts, role, text, recalled, digest, embedding FROM chunks"
-                " WHERE user_hash = %s AND conversation_id = %s",
-                (user_hash, conv),
+                "SELECT conversation_id, chunk, id, seq, ts, role, text, recalled, digest,"
+                " embedding FROM chunks WHERE user_hash = %s AND conversation_id = ANY(%s)",
+                (user_hash, list(found)),
             )
-            have = {
-                chunk: Stored(chunk_id, seq, ts, role, text, recalled, digest, vec.to_numpy())
-                for chunk, chunk_id, seq, ts, role, text, recalled, digest, vec in (
-                    await cur.fetchall()
+            have: dict[str, dict[str, Stored]] = {}
+            for (
+                conv,
+                chunk,
+                chunk_id,
+                seq,
+                ts,
+                role,
+                text,
+                recalled,
+                digest,
+                vec,
+            ) in await cur.fetchall():
+                have.setdefault(conv, {})[chunk] = Stored(
+                    chunk_id, seq, ts, role, text, recalled, digest, vec.to_numpy()
                 )
-            }
-        try:
-            # Read as the embedded engine reads a source file (read_source): a bad line fails it.
-            wanted = _rows_of(conv, [json.loads(line) for line in body.split("\n") if line.strip()])
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            # The conversation id is no user text; the exception may hold some.
-            log.warning("user %s: skipping unreadable conversation %s (%s)", user_hash, conv,
-                        type(exc).__name__)  # fmt: skip
-            return None
-        drop, write = changed_rows(wanted, have)
-        return _Work(conv, version, drop, write)
+        works = []
+        for conv in convs:
+            if conv not in found:
+                continue
+            version, body = found[conv]
+            try:
+                # Read as the embedded engine reads a source file (read_source): a bad line
+                # fails it.
+                lines = [json.loads(line) for line in body.split("\n") if line.strip()]
+                wanted = _rows_of(conv, lines)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                # The conversation id is no user text; the exception may hold some.
+                log.warning("user %s: skipping unreadable conversation %s (%s)", user_hash, conv,
+                            type(exc).__name__)  # fmt: skip
+                continue
+            drop, write = changed_rows(wanted, have.get(conv, {}))
+            works.append(_Work(conv, version, drop, write))
+        return works
 
     def _prepare(self, pending: list[_Work]) -> None:
         """On a pool thread: embed what has no vector yet, and count each new row's terms."""

@@ -138,9 +138,8 @@ class PgSearch:
         qvec, stems = await run_in(self._pool, self._analyse, query)
         for _ in range(MAX_TRIES):
             forgets, found = await self._search(user_hash, query, qvec, stems)
-            answer = render(found, query, self.max_chars)
             if await self._forgets(user_hash) == forgets:
-                return answer
+                return render(found, query, self.max_chars)
         raise RecallRaced("recall overlapped a forget on every try")
 
     def _analyse(self, query: Query) -> tuple[np.ndarray, list[list[str]]]:

@@ -292,6 +292,15 @@ class PgStore:
             )
         return [cid for (cid,) in rows]
 
+    async def conversations(self, user: str) -> dict[str, list[Turn]]:
+        async with self.database.user(user, read_only=True) as conn:
+            rows = await _all(
+                conn,
+                "SELECT conversation_id, body FROM conversations WHERE user_hash = %s",
+                (user,),
+            )
+        return {cid: readable_lines(body.encode("utf-8")) for cid, body in rows}
+
     async def turns(self, user: str, conversation_id: str) -> list[Turn] | None:
         async with self.database.user(user, read_only=True) as conn:
             row = await _one(
@@ -516,18 +525,14 @@ def from_settings(settings: Settings) -> PgStore:
     """The PostgreSQL store a replica serves from (STORE=postgres): the pool, the embedded
     ranking over the database, and the index runs it claims. ConfigError when the model cannot
     be loaded."""
-    from recall.embedder import QUERY_THREADS, load_embedder
+    from recall.embedder import QUERY_THREADS
+    from recall.engines import configured_embedder
 
     assert settings.database_url is not None  # Settings.problems() requires it
-    model, pooling = settings.embed_model_dir, settings.embed_pooling
-    int8 = settings.embed_compute == "int8"
-    try:
-        # Queries on few threads (as the embedded engine); index runs on threads of their own,
-        # with a model instance of their own.
-        queries = load_embedder(model, pooling, threads=QUERY_THREADS, int8=int8)
-        runs = load_embedder(model, pooling, int8=int8)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"embedding model: {exc}") from exc
+    # Queries on few threads (as the embedded engine); index runs on a model instance of their
+    # own, on the embedder's default threads.
+    queries = configured_embedder(settings, QUERY_THREADS)
+    runs = configured_embedder(settings)
     database = Database(settings.database_url, settings.database_pool)
     runner = IndexRunner(
         database,
