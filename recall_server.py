@@ -178,7 +178,8 @@ def create_app(settings: Settings) -> Starlette:
     writes = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="recall-write")
     metrics = Metrics()
     store = make_store(settings, writes, metrics)
-    metrics.watch(recalls, getattr(store, "engine", None))  # gauges read at scrape time
+    # Gauges read at scrape time; the vector cache is the embedded engine's or the database's.
+    metrics.watch(recalls, getattr(store, "engine", store))
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from recall.concurrency import BoundedRuns
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Engine, Recalled
+from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Recalled
 
 PREFIX = "recall_server_"
 # A `_created` timestamp series beside every counter and histogram only doubles the page (and
@@ -115,8 +115,9 @@ class Metrics:
             registry=registry,
         )
 
-    def watch(self, recalls: BoundedRuns, engine: Engine | None) -> None:
-        """Read the gauges from these at each scrape (and the index lag given to ``page``)."""
+    def watch(self, recalls: BoundedRuns, engine: object | None) -> None:
+        """Read the gauges from these at each scrape (and the index lag given to ``page``);
+        ``engine``'s ``cached_bytes``, when it has one, is the vector cache's gauge."""
         self.gauges = _Gauges(recalls, engine)
         self.registry.register(self.gauges)
 
@@ -204,7 +205,7 @@ class Metrics:
 class _Gauges(Collector):
     """What is true now, read at scrape time: the index backlog, busy recall slots, the cache."""
 
-    def __init__(self, recalls: BoundedRuns, engine: Engine | None) -> None:
+    def __init__(self, recalls: BoundedRuns, engine: object | None) -> None:
         self.recalls = recalls
         self.engine = engine
         self.index_lag = (0, 0.0)  # set by Metrics.page before each scrape
@@ -231,11 +232,11 @@ class _Gauges(Collector):
             "recall slots in all (RECALL_CONCURRENCY)",
             value=self.recalls.limit,
         )
-        # Only the embedded engine caches vectors; funes' page has no such gauge.
+        # The embedded engine and the PostgreSQL store cache vectors; funes' page has no gauge.
         cached: int | None = getattr(self.engine, "cached_bytes", None)
         if cached is not None:
             yield GaugeMetricFamily(
                 f"{PREFIX}vector_cache_bytes",
-                "bytes of vector matrices the embedded engine caches (VECTOR_CACHE_MB bounds it)",
+                "bytes of vector matrices cached (VECTOR_CACHE_MB bounds it)",
                 value=cached,
             )

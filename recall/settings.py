@@ -182,13 +182,14 @@ class Settings(BaseSettings):
     max_result_chars: int = Field(
         4000, ge=200, description="cap on what enters the agent's context"
     )
-    # The embedded engine's cache of users' vector matrices (1.5 KB a passage): 256 MB holds
-    # about 170k passages, several heavy users, on a small instance. 0: no cache.
+    # The cache of users' vector matrices (1.5 KB a passage), the embedded engine's or, with
+    # STORE=postgres, each replica's: 256 MB holds about 170k passages, several heavy users,
+    # on a small instance. 0: no cache.
     vector_cache_mb: int = Field(
         256,
         ge=0,
-        description="memory for the embedded engine's cached vector matrices (least recently "
-        "used users are dropped; 0: no cache)",
+        description="memory for cached vector matrices, the embedded engine's or each "
+        "PostgreSQL replica's (least recently used users are dropped; 0: no cache)",
     )
 
     # Indexing: a burst of posts gives one run; runs never block a request.

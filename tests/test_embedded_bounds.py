@@ -306,4 +306,4 @@ def test_vector_cache_mb_sets_the_embedded_engines_budget() -> None:
     )
     assert settings.vector_cache_mb == 256
     engine = make_engine(settings.model_copy(update={"vector_cache_mb": 3}))
-    assert isinstance(engine, EmbeddedEngine) and engine.cache_bytes == 3 * 2**20
+    assert isinstance(engine, EmbeddedEngine) and engine.cache.budget == 3 * 2**20

@@ -16,8 +16,11 @@ from conftest import ROOT
 from pg import PgDatabase, PgServer
 from psycopg import sql
 
+from recall.pg import schema
 from recall.pg.schema import (
     FUNCTIONS,
+    MIGRATIONS,
+    SCHEMA_VERSION,
     SHARED_TABLES,
     USER_TABLES,
     MigrationError,
@@ -27,6 +30,7 @@ from recall.pg.schema import (
 from recall.settings import ConfigError
 
 ALICE, BOB = "a" * 24, "b" * 24
+EVERY_VERSION = sorted(MIGRATIONS)
 
 # One row of each user table, for a user hash (the owner writes them: its policy lets it).
 ROWS = {
@@ -123,20 +127,40 @@ def bypassing_role(pg_server: PgServer, pg_database: PgDatabase) -> Iterator[str
 # --- migrate ---------------------------------------------------------------------------------
 
 
-async def test_migrate_applies_version_1_once_and_a_second_run_changes_nothing(
+async def test_migrate_applies_every_version_once_and_a_second_run_changes_nothing(
     bare: PgDatabase,
 ) -> None:
-    assert await migrate(bare.owner_url) == [1]
+    assert await migrate(bare.owner_url) == EVERY_VERSION
     made = catalog(bare.owner_url)
     assert await migrate(bare.owner_url) == []
     assert catalog(bare.owner_url) == made
 
 
+async def test_a_version_1_database_moves_to_the_newest_keeping_its_rows(
+    bare: PgDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a database a server of schema version 1 migrated, with a user's rows in it
+    with monkeypatch.context() as old_server:
+        old_server.setattr(schema, "MIGRATIONS", {1: MIGRATIONS[1]})
+        old_server.setattr(schema, "SEQUENCES", schema.SEQUENCES[:-1])  # chunk_generations: v2
+        assert await migrate(bare.owner_url) == [1]
+    seed(bare.owner_url, ALICE)
+    # when this server's migrate runs
+    assert await migrate(bare.owner_url) == EVERY_VERSION[1:]
+    # then every row is still there, the new column has its default, and the schema checks
+    with connect(bare.owner_url) as conn:
+        as_user(conn, ALICE)
+        assert counts(conn) == dict.fromkeys(USER_TABLES, 1)
+        assert conn.execute("SELECT generation FROM users").fetchone() == (0,)
+    await check(bare.app_url)
+
+
 async def test_two_migrations_at_once_both_succeed_and_apply_once(bare: PgDatabase) -> None:
     results = await asyncio.gather(migrate(bare.owner_url), migrate(bare.owner_url))
-    assert sorted(results) == [[], [1]]
+    assert sorted(results) == [[], EVERY_VERSION]
     with connect(bare.owner_url) as conn:
-        assert conn.execute("SELECT version FROM recall_schema").fetchall() == [(1,)]
+        rows = conn.execute("SELECT version FROM recall_schema ORDER BY 1").fetchall()
+    assert rows == [(v,) for v in EVERY_VERSION]
 
 
 async def test_migrate_without_pgvector_says_so_in_one_line(pg_server: PgServer) -> None:
@@ -204,7 +228,8 @@ def test_the_migrate_command_says_up_to_date_in_one_line(pg_database: PgDatabase
     done = run_migrate(pg_database.owner_url)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == (
-        "recall-server migrate: schema version 1, up to date; role recall_app granted"
+        f"recall-server migrate: schema version {SCHEMA_VERSION}, up to date; "
+        "role recall_app granted"
     )
 
 
@@ -265,11 +290,12 @@ async def test_the_check_refuses_a_database_without_the_schema(pg_server: PgServ
 
 async def test_the_check_refuses_a_newer_schema(pg_database: PgDatabase) -> None:
     with connect(pg_database.owner_url) as conn:
-        conn.execute("INSERT INTO recall_schema (version) VALUES (2)")
+        conn.execute("INSERT INTO recall_schema (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
     with pytest.raises(ConfigError) as caught:
         await check(pg_database.app_url)
     assert one_line(caught) == (
-        "the database has schema version 2, newer than this server's (1): upgrade the server"
+        f"the database has schema version {SCHEMA_VERSION + 1}, newer than this server's "
+        f"({SCHEMA_VERSION}): upgrade the server"
     )
 
 

@@ -31,7 +31,8 @@ from recall.engines.base import EngineError
 from recall.engines.embedded import EmbeddedEngine, Query, db_path
 from recall.engines.embedded.search import common_floor
 from recall.engines.embedded.store import common_stems, connect, lexical_leg
-from recall.pg.database import Database
+from recall.engines.embedded.vectors import Vectors
+from recall.pg.database import Connection, Database
 from recall.pg.fts import phrase_stems
 from recall.pg.index import IndexRunner
 from recall.pg.search import PgSearch
@@ -225,18 +226,15 @@ def sqlite_pool(home: Path, query: Query, candidates: int) -> list[tuple[str, st
     return [keys[rowid] for rowid in pool]
 
 
-async def pg_pool(
-    search: PgSearch, user_hash: str, query: Query, embedder: Embedder
-) -> list[tuple[str, str]]:
+async def pg_pool(search: PgSearch, user_hash: str, query: Query) -> list[tuple[str, str]]:
     """PostgreSQL's BM25 pool for the same query (the search's own lexical leg)."""
-    qvec = embedder.embed([query.text])[0]
     async with search.db.user(user_hash, read_only=True, repeatable=True) as conn:
         cur = await conn.execute(
             "SELECT passages, tokens FROM users WHERE user_hash = %s", (user_hash,)
         )
         passages, tokens = await cur.fetchone()
-        by_words, _ = await search._lexical(
-            conn, user_hash, query, qvec, phrase_stems(query.terms), passages, tokens
+        by_words = await search._lexical(
+            conn, user_hash, query, phrase_stems(query.terms), passages, tokens
         )
         cur = await conn.execute(
             "SELECT id, conversation_id, chunk FROM chunks WHERE user_hash = %s", (user_hash,)
@@ -302,9 +300,7 @@ async def test_postgres_answers_every_query_as_the_embedded_engine_does(
             if await engine.recall(home, text) != await search.recall(user_hash, text):
                 different_answers.append((k, text))
             query = Query.parse(text)
-            if sqlite_pool(home, query, candidates) != await pg_pool(
-                search, user_hash, query, embedder
-            ):
+            if sqlite_pool(home, query, candidates) != await pg_pool(search, user_hash, query):
                 different_pools.append((k, text))
         await search.close()
 
@@ -761,3 +757,68 @@ async def test_state_tells_none_unindexed_and_ready(
     await store.forget(alice, "c", "user")
     assert await search.state(alice) == "none"
     await search.close()
+
+
+class CountsReads(PgSearch):
+    """A replica's search that counts how often it reads a user's matrix from the database."""
+
+    reads = 0
+
+    async def _read_vectors(self, conn: Connection, user_hash: str, generation: str) -> Vectors:
+        self.reads += 1
+        return await super()._read_vectors(conn, user_hash, generation)
+
+
+async def test_a_cached_matrix_serves_until_the_users_chunks_change_on_any_replica(
+    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+) -> None:
+    # Given a replica that recalled once (its matrix of alice's vectors cached)
+    alice = user_dir_name("alice")
+    await post(store, [body("alice", "plan", "2025-05-01T09:00:00Z", [("user", "Plan ready.")])])
+    await index_once(db, embedder, superuser, "alice")
+    search = CountsReads(db, embedder, min_similarity=0.0)
+    await search.recall(alice, "plan")
+    assert search.reads == 1
+    # When nothing changed, then the next recalls read no vectors
+    await search.recall(alice, "plan")
+    await search.recall(alice, "anything else")
+    assert search.reads == 1
+
+    # When another replica's index run adds a conversation found only by its meaning
+    boiler = [("user", "The heating engineer comes on Thursday morning to service the furnace.")]
+    await post(store, [body("alice", "boiler", "2025-05-02T09:00:00Z", boiler)])
+    await index_once(db, embedder, superuser, "alice")
+    # Then the cached replica reads the new generation and finds it by meaning alone
+    found = (await search.recall(alice, "when does the boiler technician visit?")).text
+    assert "heating engineer" in found and search.reads == 2
+
+    # And a forget and an erase on another store's connection each make a new generation
+    await store.forget(alice, "boiler", "user")
+    assert "heating engineer" not in (await search.recall(alice, "boiler technician")).text
+    assert search.reads == 3
+    await store.erase(alice)
+    assert (await search.recall(alice, "plan")).text == ""
+    await search.close()
+
+
+async def test_every_change_to_a_users_chunks_makes_a_generation_never_seen_before(
+    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+) -> None:
+    alice = user_dir_name("alice")
+
+    def generation() -> int:
+        row = superuser.execute(
+            "SELECT generation FROM users WHERE user_hash = %s", (alice,)
+        ).fetchone()
+        return row[0]
+
+    seen = []
+    for cid in ("one", "two"):
+        await post(store, [body("alice", cid, "2025-05-01T09:00:00Z", [("user", f"Note {cid}.")])])
+        await index_once(db, embedder, superuser, "alice")  # a flush: chunks in
+        seen.append(generation())
+    await store.forget(alice, "one", "user")  # chunks out
+    seen.append(generation())
+    await store.erase(alice)  # everything out
+    seen.append(generation())
+    assert len(set(seen)) == len(seen) and 0 not in seen

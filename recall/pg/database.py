@@ -12,12 +12,15 @@ the database being away and passes as psycopg raised it.
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector_async
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from recall.pg.schema import USER_SETTING
@@ -31,6 +34,10 @@ CONNECT_SECONDS = 5  # one connection attempt (a host that drops packets never r
 # stops retrying on its own and each request starts a fresh attempt at once, so the first
 # request after an outage of any length finds the database (no backoff grown meanwhile).
 RECONNECT_SECONDS = 4.0
+# A connection back from work this recently is handed out again without a ping: a round trip
+# saved on every unit of work under load. One cut within that window (a fast restart) fails at
+# its BEGIN, before any work, and is replaced there (Database._begin).
+FRESH_SECONDS = 1.0
 
 Connection = psycopg.AsyncConnection[Any]
 
@@ -51,9 +58,10 @@ class Database:
             configure=_configure,
             # a connection cut while idle (the database restarted) is found at checkout and
             # replaced, rather than failing the request that drew it
-            check=AsyncConnectionPool.check_connection,
+            check=self._check,
             name="recall",
         )
+        self._returned: weakref.WeakKeyDictionary[Connection, float] = weakref.WeakKeyDictionary()
 
     async def open(self) -> None:
         """Start the pool without waiting for a connection: the server starts while the
@@ -70,21 +78,21 @@ class Database:
         """One transaction for one user's work: committed when the block ends, rolled back when
         it raises. ``repeatable``: one snapshot for all its queries (REPEATABLE READ);
         ``read_only``: no writes."""
-        modes = [
-            *(["ISOLATION LEVEL REPEATABLE READ"] if repeatable else []),
-            *(["READ ONLY"] if read_only else []),
-        ]
-        async with self._transaction() as conn:
-            if modes:  # first in the transaction, or it does not apply
-                await conn.execute("SET TRANSACTION " + ", ".join(modes))
-            await conn.execute("SELECT set_config(%s, %s, true)", (USER_SETTING, user_hash))
+        # One round trip opens it: BEGIN with its modes and SET LOCAL of the user, sent as one
+        # simple query (the hash quoted by psycopg, no parameters).
+        begin = "BEGIN" + (" ISOLATION LEVEL REPEATABLE READ" if repeatable else "")
+        begin += " READ ONLY" if read_only else ""
+        opening = sql.SQL(begin + "; SELECT set_config({}, {}, true)").format(
+            sql.Literal(USER_SETTING), sql.Literal(user_hash)
+        )
+        async with self._transaction(opening) as conn:
             yield conn
 
     @asynccontextmanager
     async def system(self) -> AsyncIterator[Connection]:
         """One transaction with no user: row-level security shows it no user's rows; what it
         may do across users goes through the SECURITY DEFINER functions."""
-        async with self._transaction() as conn:
+        async with self._transaction(sql.SQL("BEGIN")) as conn:
             yield conn
 
     async def check(self) -> str | None:
@@ -97,16 +105,48 @@ class Database:
         return None
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[Connection]:
+    async def _transaction(self, opening: sql.Composable) -> AsyncIterator[Connection]:
+        """A transaction ``opening`` began (the connection is in autocommit, so nothing else
+        opens one), committed when the block ends and rolled back when it raises."""
         try:
-            async with self._pool.connection() as conn, conn.transaction():
+            conn = await self._begin(opening)
+            try:
                 yield conn
+                await conn.execute("COMMIT")
+            except BaseException:
+                if not conn.closed:  # a failed rollback leaves the pool to discard it
+                    with suppress(psycopg.Error):
+                        await conn.rollback()
+                raise
+            finally:
+                self._returned[conn] = time.monotonic()
+                await self._pool.putconn(conn)
         except PoolTimeout as exc:
             raise StoreUnavailable(UNREACHABLE) from exc
         except psycopg.OperationalError as exc:
             if _away(exc):
                 raise StoreUnavailable(UNREACHABLE) from exc
             raise
+
+    async def _begin(self, opening: sql.Composable) -> Connection:
+        """A pooled connection with ``opening`` run on it. One the database cut since its last
+        use (a restart) fails right there, before any work: it is replaced, once."""
+        for retry in (True, False):
+            conn = await self._pool.getconn()
+            try:
+                await conn.execute(opening)
+                return conn
+            except BaseException as exc:
+                await self._pool.putconn(conn)  # a cut one is discarded
+                if not (retry and isinstance(exc, psycopg.OperationalError) and _away(exc)):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _check(self, conn: Connection) -> None:
+        """At checkout: a connection idle for long is pinged first (one found cut is replaced
+        by the pool); one used just now is not (a round trip saved per unit of work)."""
+        if time.monotonic() - self._returned.get(conn, 0.0) > FRESH_SECONDS:
+            await AsyncConnectionPool.check_connection(conn)
 
 
 def _where(url: str) -> str:

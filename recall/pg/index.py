@@ -96,7 +96,9 @@ async def drop_user_index(conn: Connection, user_hash: str) -> int:
     for table in ("postings", "terms", "indexed"):
         await conn.execute(f"DELETE FROM {table} WHERE user_hash = %s", (user_hash,))
     await conn.execute(
-        "UPDATE users SET passages = 0, tokens = 0 WHERE user_hash = %s", (user_hash,)
+        "UPDATE users SET passages = 0, tokens = 0, generation = nextval('chunk_generations')"
+        " WHERE user_hash = %s",
+        (user_hash,),
     )
     return removed
 
@@ -134,8 +136,11 @@ async def _add_terms(conn: Connection, user_hash: str, delta: dict[str, int]) ->
 
 
 async def _add_totals(conn: Connection, user_hash: str, passages: int, tokens: int) -> None:
+    """The BM25 totals move with the searchable chunks, and so does the generation (a cached
+    matrix of the user's vectors is no longer theirs)."""
     await conn.execute(
-        "UPDATE users SET passages = passages + %s, tokens = tokens + %s WHERE user_hash = %s",
+        "UPDATE users SET passages = passages + %s, tokens = tokens + %s,"
+        " generation = nextval('chunk_generations') WHERE user_hash = %s",
         (passages, tokens, user_hash),
     )
 

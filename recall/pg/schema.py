@@ -26,7 +26,7 @@ from recall.settings import ConfigError
 
 log = logging.getLogger("recall")
 
-SCHEMA_VERSION = 1  # the newest migration this server knows
+SCHEMA_VERSION = 2  # the newest migration this server knows
 MIGRATE_LOCK = 0x7265_6361_6C6C  # "recall": the advisory lock migrations run under
 APP_ROLE = "recall_app"  # the role the server connects as, granted what it needs by migrate
 USER_SETTING = "recall.user_hash"  # SET LOCAL per transaction; every policy reads it
@@ -47,7 +47,13 @@ USER_TABLES = (
 )
 # No user data: every replica reads them; the app role may add a server key, not change one.
 SHARED_TABLES = {"server_keys": "SELECT, INSERT", "recall_schema": "SELECT"}
-SEQUENCES = ("conversation_versions", "receipts_seq_seq", "audit_seq_seq", "chunks_id_seq")
+SEQUENCES = (
+    "conversation_versions",
+    "receipts_seq_seq",
+    "audit_seq_seq",
+    "chunks_id_seq",
+    "chunk_generations",
+)
 # The only cross-user reads: SECURITY DEFINER, owned by the owner, hashes/ids/counts only.
 FUNCTIONS = (
     "recall_claim(text, double precision, double precision, integer)",
@@ -263,6 +269,13 @@ CREATE TABLE recall_schema (
     + _isolation(USER_TABLES)
     + _SHARED_V1
     + _FUNCTIONS_V1,
+    2: """
+-- A replica's cached matrix of a user's vectors (recall/engines/embedded/vectors.py) is valid
+-- for one value: every change to the user's searchable chunks (an index run's flush, a forget,
+-- an erase, a rebuild) sets a new one from the sequence, so a value never comes back.
+ALTER TABLE users ADD COLUMN generation bigint NOT NULL DEFAULT 0;
+CREATE SEQUENCE chunk_generations;
+""",
 }
 
 

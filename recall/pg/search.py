@@ -3,9 +3,11 @@ neighbours, render) through the shared ranking core, over one user's rows.
 
     query -> Query -> its vector and its terms' FTS5 stems (a thread)
       -> one REPEATABLE READ READ ONLY transaction:
-           users (forgets, BM25 totals, built_by) -> the terms' passage counts (`terms`)
-           -> the BM25 pool from the postings, by FTS5's own formula -> lexical (coverage)
-           -> the dense leg, exact (pgvector over the user's rows) -> nothing relevant?
+           users (forgets, BM25 totals, built_by, generation)
+           -> the user's matrix: cached when of this generation, else read in this snapshot
+           -> the dense leg, exact (the query's cosine with every row of the matrix)
+           -> the terms' passage counts (`terms`) -> the BM25 pool from the postings, by
+              FTS5's own formula -> lexical (coverage) -> nothing relevant?
            -> order_pool -> fuse -> top_hits -> the neighbours
       -> users.forgets read again: changed -> run again (a forget deletes its chunks in its
          own transaction, so a fresh snapshot holds none of them)
@@ -15,11 +17,13 @@ BM25 is FTS5's `bm25(fts, 1.0, IDS_COLUMN_WEIGHT)` (fts5_aux.c): for each query 
 idf = ln((N - n + 0.5) / (n + 0.5)) (1e-6 when not above 0), f = tf in text + weight x tf in
 ids, score += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * D / avgdl)), summed in the query's
 phrase order in floating point as FTS5 sums it; ties by id, as SQLite's sorter leaves them
-(rowid order). Nothing is cached between calls: a forget on any replica is honoured at once.
+(rowid order). The one thing kept between calls is each user's matrix, and only for the
+generation it was read at (vectors.py): a forget on any replica is honoured at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +48,7 @@ from recall.engines.embedded.search import (
     Lexical,
     Pooled,
     common_floor,
+    dense,
     fuse,
     known_counts,
     lexical,
@@ -54,6 +59,7 @@ from recall.engines.embedded.search import (
 )
 from recall.engines.embedded.store import Neighbour, gather_neighbours
 from recall.engines.embedded.text import Query, stem_prefixes
+from recall.engines.embedded.vectors import VectorCache, Vectors
 from recall.pg.database import Connection, Database
 from recall.pg.fts import phrase_counts, phrase_stems
 from recall.pg.index import fingerprint
@@ -101,6 +107,7 @@ class PgSearch:
         half_life_days: float = 0.0,
         min_similarity: float = MIN_SIMILARITY,
         recall_concurrency: int = 4,
+        cache_bytes: int = 256 * 2**20,
     ) -> None:
         self.db = db
         self.embedder = embedder
@@ -115,6 +122,8 @@ class PgSearch:
         self._pool = ThreadPoolExecutor(
             min(recall_concurrency, usable_cores()), thread_name_prefix="recall-pg"
         )
+        self.cache = VectorCache(cache_bytes)
+        self._loads: dict[str, asyncio.Lock] = {}  # one read of a user's matrix at a time
 
     async def state(self, user_hash: str) -> MemoryState:
         async with self.db.user(user_hash, read_only=True) as conn:
@@ -161,21 +170,57 @@ class PgSearch:
         try:
             async with self.db.user(user_hash, read_only=True, repeatable=True) as conn:
                 cur = await conn.execute(
-                    "SELECT forgets, built_by, passages, tokens FROM users WHERE user_hash = %s",
+                    "SELECT forgets, built_by, passages, tokens, generation FROM users"
+                    " WHERE user_hash = %s",
                     (user_hash,),
                 )
                 row = await cur.fetchone()
                 if row is None:
                     return None, []
-                forgets, built, passages, tokens = row
+                forgets, built, passages, tokens, generation = row
                 if passages == 0:
                     return forgets, []
                 if built != self.wanted:
                     raise EngineError("index built by another schema or model")
-                hits = await self._rank(conn, user_hash, query, qvec, stems, passages, tokens)
+                vectors = await self._vectors(conn, user_hash, str(generation))
+                hits = await self._rank(
+                    conn, user_hash, query, qvec, stems, vectors, passages, tokens
+                )
                 return forgets, await self._with_neighbours(conn, user_hash, hits)
         except psycopg.DataError as exc:  # e.g. vectors of another dimension than the query's
             raise EngineError(f"index unreadable: {type(exc).__name__}") from exc
+
+    async def _vectors(self, conn: Connection, user_hash: str, generation: str) -> Vectors:
+        """The user's matrix of this snapshot's generation: cached, or read in the snapshot.
+        Recalls of one user that miss wait for one read rather than each reading it all."""
+        if (cached := self.cache.get(user_hash, generation)) is not None:
+            return cached
+        lock = self._loads.setdefault(user_hash, asyncio.Lock())
+        async with lock:
+            vectors = self.cache.get(user_hash, generation)
+            if vectors is None:
+                vectors = await self._read_vectors(conn, user_hash, generation)
+                self.cache.keep(user_hash, vectors)
+        if not lock.locked():  # nobody reading: the lock goes (a waiter keeps its own)
+            self._loads.pop(user_hash, None)
+        return vectors
+
+    async def _read_vectors(self, conn: Connection, user_hash: str, generation: str) -> Vectors:
+        """store.load_vectors over the user's rows: recalled answers left out (the dense leg
+        never finds them), rows by ascending id."""
+        cur = conn.cursor(binary=True)  # pgvector's binary form: no text to parse
+        await cur.execute(
+            "SELECT id, epoch, embedding FROM chunks WHERE user_hash = %s AND NOT recalled"
+            " ORDER BY id",
+            (user_hash,),
+        )
+        rows = await cur.fetchall()
+        ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+        matrix = np.empty((len(rows), self.embedder.dim), dtype=np.float32)
+        for n, row in enumerate(rows):
+            matrix[n] = row[2].to_numpy()
+        newest = max((row[1] for row in rows), default=0.0)
+        return Vectors(generation, ids, matrix, float(newest))
 
     async def _rank(
         self,
@@ -184,26 +229,21 @@ class PgSearch:
         query: Query,
         qvec: np.ndarray,
         stems: list[list[str]],
+        vectors: Vectors,
         passages: int,
         tokens: int,
     ) -> list[Hit]:
         """EmbeddedEngine._search over this user's rows."""
-        by_words, cosines = (
-            await self._lexical(conn, user_hash, query, qvec, stems, passages, tokens)
+        similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
+        by_words = (
+            await self._lexical(conn, user_hash, query, stems, passages, tokens)
             if query.terms
-            else (Lexical([], [], False), {})
+            else Lexical([], [], False)
         )
-        cur = await conn.execute(
-            "SELECT id, embedding <#> %s AS distance FROM chunks"
-            " WHERE user_hash = %s AND NOT recalled ORDER BY distance, id LIMIT %s",
-            (qvec, user_hash, self.candidates),
-        )
-        nearest = await cur.fetchall()
-        by_meaning = [chunk_id for chunk_id, _ in nearest]
-        best_similarity = -nearest[0][1] if nearest else 0.0
+        by_meaning, best_similarity = dense(vectors.ids, similarity, self.candidates)
         if nothing_relevant(by_words, best_similarity, self.min_similarity):
             return []
-        by_words_ranked = order_pool(by_words, cosines, candidates=self.candidates)
+        by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=self.candidates)
         fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
         cur = await conn.execute(
             "SELECT id, conversation_id, turn, seq, ts, epoch, role, text, ids FROM chunks"
@@ -211,18 +251,11 @@ class PgSearch:
             (user_hash, list(fused)),
         )
         rows = await cur.fetchall()
-        newest = 0.0
-        if self.half_life_days > 0:  # recency is relative to the user's newest turn
-            cur = await conn.execute(
-                "SELECT coalesce(max(epoch), 0) FROM chunks WHERE user_hash = %s AND NOT recalled",
-                (user_hash,),
-            )
-            newest = float((await cur.fetchone() or (0.0,))[0])
         return top_hits(
             [Candidate(*row[:8], row[8].split()) for row in rows],
             fused,
             k=self.k,
-            newest=newest,
+            newest=vectors.newest,
             half_life_days=self.half_life_days,
             months=query.months,
             ids=query.ids,
@@ -233,13 +266,12 @@ class PgSearch:
         conn: Connection,
         user_hash: str,
         query: Query,
-        qvec: np.ndarray,
         stems: list[list[str]],
         passages: int,
         tokens: int,
-    ) -> tuple[Lexical, dict[int, float]]:
+    ) -> Lexical:
         """store.lexical_leg over the postings: the query's term counts and its BM25 pool,
-        ranked by search.lexical; and the pooled rows' cosines (for order_pool)."""
+        ranked by search.lexical."""
         stems_of = dict(zip(query.terms, stems, strict=True))
         # A common word is told by its prefixes (text.common_count): only those are read.
         probes = {prefix for term in query.terms for prefix in stem_prefixes(term)}
@@ -284,14 +316,12 @@ class PgSearch:
         }
         pool = sorted(scores, key=lambda c: (-scores[c], c))[: self.candidates * LEXICAL_POOL]
         cur = await conn.execute(
-            "SELECT id, text, ids, -(embedding <#> %s) FROM chunks"
-            " WHERE user_hash = %s AND id = ANY(%s)",
-            (qvec, user_hash, pool),
+            "SELECT id, text, ids FROM chunks WHERE user_hash = %s AND id = ANY(%s)",
+            (user_hash, pool),
         )
         pooled = {row[0]: row for row in await cur.fetchall()}
         rows = [Pooled(c, pooled[c][1], pooled[c][2].split()) for c in pool]
-        cosines = {c: float(pooled[c][3]) for c in pool}
-        return lexical(query, counts, rows, passages), cosines
+        return lexical(query, counts, rows, passages)
 
     async def _phrase(
         self,

@@ -516,6 +516,11 @@ class PgStore:
     async def recall(self, user: str, query: str) -> Recalled:
         return await self._search().recall(user, query)
 
+    @property
+    def cached_bytes(self) -> int:
+        """The replica's cached vector matrices (GET /metrics' vector_cache_bytes)."""
+        return 0 if self.search is None else self.search.cache.cached_bytes
+
     def repair(self, user: str) -> None:
         if self.runner is not None:
             self.runner.repair(user)
@@ -551,5 +556,6 @@ def from_settings(settings: Settings) -> PgStore:
         half_life_days=settings.recall_half_life_days,
         min_similarity=settings.recall_min_similarity,
         recall_concurrency=settings.recall_concurrency,
+        cache_bytes=settings.vector_cache_mb * 2**20,
     )
     return PgStore(database, settings.index_debounce, runner, search)

@@ -21,13 +21,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from recall.concurrency import run_in
 from recall.embedder import Embedder, release_freed_memory
@@ -63,27 +60,12 @@ from recall.engines.embedded.store import (
     reconcile,
 )
 from recall.engines.embedded.text import Query
+from recall.engines.embedded.vectors import VectorCache, Vectors
 
 if TYPE_CHECKING:  # the worker module runs as a program (`-m`): never import it on the way there
     from recall.engines.embedded.worker import IndexWorkers
 
 log = logging.getLogger("recall.embedded")
-
-
-@dataclass(frozen=True)
-class _Vectors:
-    """One user's vectors as a matrix, valid for one db generation."""
-
-    generation: str
-    ids: np.ndarray  # int64 chunk rowids, row i of the matrix is ids[i]
-    matrix: np.ndarray  # float32, n x dim, unit rows
-    newest: float  # epoch of the newest turn: recency is relative to the user's own history
-    common: dict[str, int]  # stems in more than COMMON_SHARE of the passages, with their counts
-
-    @property
-    def nbytes(self) -> int:
-        """What the cache counts against its budget: the arrays (the common stems are small)."""
-        return self.ids.nbytes + self.matrix.nbytes
 
 
 class RunStop:
@@ -142,7 +124,7 @@ class _Load:
     """One user's matrix being loaded; recalls that miss the cache meanwhile wait for it."""
 
     done: threading.Event = field(default_factory=threading.Event)
-    vectors: _Vectors | None = None  # set when the load succeeded
+    vectors: Vectors | None = None  # set when the load succeeded
 
 
 class EmbeddedEngine:
@@ -173,12 +155,10 @@ class EmbeddedEngine:
         self.max_chars = max_chars
         self.half_life_days = half_life_days
         self.min_similarity = min_similarity  # calibrated for the packaged model; 0: off
-        # The matrices of recent users, least recently used first, at most cache_bytes in all.
-        self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[str, _Vectors] = OrderedDict()
-        self._cached_bytes = 0
+        # The matrices of recent users, at most cache_bytes in all (vectors.py).
+        self.cache = VectorCache(cache_bytes)
         self._loads: dict[str, _Load] = {}  # db path -> the load in progress (one per user)
-        self._cache_lock = threading.Lock()  # guards the three above
+        self._loads_lock = threading.Lock()
         self.index_timeout = index_timeout
         # Own bounded pools, never asyncio's shared default one (see recall/concurrency.py).
         self._index_pool = ThreadPoolExecutor(index_concurrency, thread_name_prefix="recall-index")
@@ -302,7 +282,7 @@ class EmbeddedEngine:
             ids=query.ids,
         )
 
-    def _vectors(self, con: sqlite3.Connection, key: str) -> _Vectors:
+    def _vectors(self, con: sqlite3.Connection, key: str) -> Vectors:
         """The user's matrix from the cache, reloaded when an index run changed the db.
 
         Single flight: recalls that miss for the same user wait for one load instead of each
@@ -310,10 +290,8 @@ class EmbeddedEngine:
         """
         current = generation(con)
         while True:
-            with self._cache_lock:
-                cached = self._cache.get(key)
-                if cached is not None and cached.generation == current:
-                    self._cache.move_to_end(key)
+            with self._loads_lock:
+                if (cached := self.cache.get(key, current)) is not None:
                     return cached
                 load = self._loads.get(key)
                 if load is None:
@@ -327,11 +305,10 @@ class EmbeddedEngine:
         try:
             load.vectors = self._load_vectors(con, current)
         finally:
-            with self._cache_lock:
+            with self._loads_lock:
                 del self._loads[key]
                 if load.vectors is not None:
-                    self._keep(key, load.vectors)
-                cached_bytes = self._cached_bytes
+                    self.cache.keep(key, load.vectors)
             load.done.set()
         vectors = load.vectors
         # The db path names the user's directory, a hash; never the user id.
@@ -340,37 +317,18 @@ class EmbeddedEngine:
             Path(key).parent.parent.name,
             len(vectors.ids),
             vectors.nbytes / 2**20,
-            cached_bytes / 2**20,
-            self.cache_bytes / 2**20,
+            self.cache.cached_bytes / 2**20,
+            self.cache.budget / 2**20,
         )
         return vectors
 
     @property
     def cached_bytes(self) -> int:
         """What the cached matrices hold now (at most cache_bytes)."""
-        with self._cache_lock:
-            return self._cached_bytes
+        return self.cache.cached_bytes
 
-    def _keep(self, key: str, vectors: _Vectors) -> None:
-        """Cache a matrix, evicting the least recently used until the cache fits its budget.
-
-        A matrix larger than the whole budget is not cached: it serves the recall (and any that
-        waited for it) and is then freed, so the budget holds even for one huge user, who pays a
-        reload per recall. Called with the cache lock held.
-        """
-        old = self._cache.pop(key, None)
-        if old is not None:
-            self._cached_bytes -= old.nbytes
-        if vectors.nbytes > self.cache_bytes:
-            return
-        self._cache[key] = vectors
-        self._cached_bytes += vectors.nbytes
-        while self._cached_bytes > self.cache_bytes:
-            _, evicted = self._cache.popitem(last=False)
-            self._cached_bytes -= evicted.nbytes
-
-    def _load_vectors(self, con: sqlite3.Connection, generation: str) -> _Vectors:
+    def _load_vectors(self, con: sqlite3.Connection, generation: str) -> Vectors:
         """Build the user's matrix (and common stems) from the db, in the caller's snapshot."""
         ids, matrix, newest = load_vectors(con, self.embedder.dim)
         common = common_stems(con, common_floor(len(ids)))
-        return _Vectors(generation, ids, matrix, newest, common)
+        return Vectors(generation, ids, matrix, newest, common)
