@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, make_server
 
-from recall.settings import Settings
+from recall.settings import GENERATE_KEY, Settings
 from recall.testing import free_port
 
 
@@ -53,6 +53,44 @@ def test_a_bad_setting_stops_the_server_with_one_line_naming_it(tmp_path: Path) 
     done = run("recall_server.py", env=env)
     assert done.returncode == 1
     assert done.stderr.startswith("recall-server: bad setting RECALL_K: ")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "line"),
+    [
+        ("LOG_LEVEL", "verbose", "bad setting LOG_LEVEL: must be one of DEBUG, INFO, WARNING, ERROR"),
+        ("DATA_DIR", "{file}", "DATA_DIR {file}: is a file, not a directory"),
+        ("DATA_DIR", "{file}/data", "DATA_DIR {file}/data: cannot be created (Not a directory)"),
+        ("DATA_DIR", "/proc/recall-data", "DATA_DIR /proc/recall-data: cannot be created ("),
+    ],
+)
+def test_a_log_level_or_data_dir_the_server_cannot_use_stops_it_with_one_line(
+    tmp_path: Path, setting: str, value: str, line: str
+) -> None:
+    # given a setting the server cannot serve with: an unknown level, DATA_DIR naming a file,
+    # a path below a file, a path no one may create
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a directory")
+    value, line = value.format(file=a_file), line.format(file=a_file)
+    env = {**make_server(tmp_path, ENGINE="embedded").env, setting: value}
+    # when it starts
+    done = run("recall_server.py", env=env)
+    # then it exits with one line that names the setting and why, no traceback
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"recall-server: {line}"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("key", ["", "too-short", "change-me-change-me-change-me"])
+def test_a_missing_short_or_placeholder_ingest_key_is_answered_with_how_to_generate_one(
+    tmp_path: Path, key: str
+) -> None:
+    env = make_server(tmp_path, ENGINE="embedded", INGEST_KEY=key).env
+    done = run("recall_server.py", env=env)
+    assert done.returncode == 1
+    assert done.stderr.startswith("recall-server: INGEST_KEY ")
+    assert done.stderr.strip().endswith(GENERATE_KEY)
     assert len(done.stderr.strip().splitlines()) == 1
 
 
