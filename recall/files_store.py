@@ -30,8 +30,8 @@ from recall.engines.base import Engine, Recalled
 from recall.lifecycle import Lifecycle, UserGates, admit_for, list_receipts, user_homes
 from recall.logs import user_fields
 from recall.metrics import data_dir_writable
-from recall.settings import ConfigError
 from recall.scheduler import IndexScheduler, index_and_mark, index_stale
+from recall.settings import ConfigError
 from recall.store import AuditLine, Mark, MemoryState, Receipt, Turn
 
 log = logging.getLogger("recall")

@@ -385,7 +385,6 @@ class Settings(BaseSettings):
             found.append("ENGINE=funes reads files: it works with STORE=files only")
         return found
 
-
     def _public_url_problems(self) -> list[str]:
         if self.public_url is None:
             if self.resource_origin() is None:

@@ -15,6 +15,8 @@ from conftest import ROOT, make_server
 from recall.settings import GENERATE_KEY, Settings
 from recall.testing import free_port
 
+LEVELS = "DEBUG, INFO, WARNING, ERROR"
+
 
 def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -59,7 +61,7 @@ def test_a_bad_setting_stops_the_server_with_one_line_naming_it(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("setting", "value", "line"),
     [
-        ("LOG_LEVEL", "verbose", "bad setting LOG_LEVEL: must be one of DEBUG, INFO, WARNING, ERROR"),
+        ("LOG_LEVEL", "verbose", f"bad setting LOG_LEVEL: must be one of {LEVELS}"),
         ("DATA_DIR", "{file}", "DATA_DIR {file}: is a file, not a directory"),
         ("DATA_DIR", "{file}/data", "DATA_DIR {file}/data: cannot be created (Not a directory)"),
         ("DATA_DIR", "/proc/recall-data", "DATA_DIR /proc/recall-data: cannot be created ("),
