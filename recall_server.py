@@ -66,7 +66,13 @@ from recall.conversations import (
 from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError, Recalled
 from recall.files_store import FilesStore
-from recall.lifecycle import Forgotten, NotFound, parse_request, sweep_forever
+from recall.lifecycle import (
+    Forgotten,
+    NotFound,
+    forgotten_message,
+    parse_request,
+    sweep_forever,
+)
 from recall.logs import Refusals, configure_logging, user_fields
 from recall.memory_api import MemoryApi
 from recall.metrics import Metrics, recall_timed_out
@@ -249,8 +255,12 @@ def create_app(settings: Settings) -> Starlette:
         # writes nothing. Tombstones: a forgotten (or erased) turn is never stored again.
         try:
             written = await store.put(user, conversation)
-        except Forgotten:
-            return error(410, "conversation_id: forgotten; every turn of this post was forgotten")
+        except Forgotten:  # the receipts say which operation it was (both stores keep them)
+            try:
+                found = await store.receipts(user)
+            except StoreUnavailable:
+                found = []
+            return error(410, forgotten_message(found, conversation.conversation_id))
         except StoreUnavailable:
             return unavailable()
         if not written:

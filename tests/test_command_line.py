@@ -165,3 +165,69 @@ def test_an_unknown_argument_exits_2_with_one_line_pointing_to_help(tmp_path: Pa
     done = run("recall_server.py", "--port", "9000", env=env)
     assert done.returncode == 2
     assert done.stderr.strip() == "recall-server: unknown argument '--port'; see --help"
+
+
+def test_seeder_with_wait_reports_an_earlier_server_on_the_port_not_a_wrong_key(
+    tmp_path: Path,
+) -> None:
+    # given a server from an earlier paste still running, and the block pasted again: a new key,
+    # and a new server on the same port, which cannot start
+    with make_server(tmp_path, ENGINE="embedded").start() as first:
+        second = {**first.env, "INGEST_KEY": "a-new-key-" + "0123456789abcdef"}
+        started = run("recall_server.py", env=second)
+        # when the seeder waits for the server and posts with the new key
+        done = run(
+            "seeds/seed.py", "--url", first.url, "--key", second["INGEST_KEY"], "--wait", "30"
+        )
+    # then it says an earlier server holds the port, in one line, not "check INGEST_KEY"
+    assert started.returncode != 0 and "address already in use" in started.stderr
+    assert done.returncode == 1
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith(f"seed.py: a recall server was already running at {first.url}")
+    assert "refuses this INGEST_KEY (401): it is an earlier server" in done.stderr
+
+
+def test_seeder_with_wait_reports_a_port_held_by_another_program_at_once(tmp_path: Path) -> None:
+    # given another program answering HTTP on the port (a file server: /healthz is 404)
+    port = free_port()
+    other = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while run("-c", f"import urllib.request; urllib.request.urlopen('{url}/')").returncode:
+            assert time.monotonic() < deadline
+        # when the seeder waits for a recall server there
+        started = time.monotonic()
+        done = run("seeds/seed.py", "--url", url, "--key", "k" * 32, "--wait", "60")
+    finally:
+        other.terminate()
+        other.wait(10)
+    # then it says, at once and in one line, that another program holds the port
+    assert done.returncode == 1 and time.monotonic() - started < 30
+    assert done.stderr.strip() == (
+        f"seed.py: something answers 404, not a recall server, at {url}/healthz: another "
+        f"program holds port {port}, so a recall server started there could not take it (its "
+        "log says 'address already in use'); stop that program first"
+    )
+
+
+def test_seeding_again_after_an_erase_names_the_erase_and_how_to_start_over(
+    tmp_path: Path,
+) -> None:
+    # given the demo seeded, then alice erased
+    with make_server(tmp_path, ENGINE="embedded").start() as server:
+        key = server.ingest_key
+        assert run("seeds/seed.py", "--url", server.url, "--key", key).returncode == 0
+        assert server.post({"user": "alice"}, route="/erase")[0] == 200
+        # when the demo is seeded again
+        done = run("seeds/seed.py", "--url", server.url, "--key", key)
+    # then it stops with one line that says it was an erase, and how to start over
+    assert done.returncode == 1
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "410" in done.stderr and "was erased by an erase of this user" in done.stderr
+    assert done.stderr.strip().endswith("remove its data (rm -rf recall-data) and start it again")
