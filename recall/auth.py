@@ -193,9 +193,10 @@ def build_verifier(settings: Settings) -> AuthProvider:
     verifier_log.setLevel(logging.DEBUG)
     verifier = RefusedOnError(_verifier(settings))
     issuer, origin = settings.jwt_issuer, settings.resource_origin()
-    if issuer is None or origin is None:  # demo tokens: no authorization server to name
+    if settings.auth_tokens_file or issuer is None or origin is None:  # demo: no IdP to name
         return verifier
-    if urlsplit(issuer).scheme not in ("http", "https"):
+    parts = urlsplit(issuer)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         log.warning("JWT_ISSUER is not an http(s) URL: no sign-in discovery at %s", WELL_KNOWN)
         return verifier
     return SignInDiscovery(verifier, issuer, origin)
