@@ -48,11 +48,12 @@ from fastmcp.server.dependencies import get_access_token
 from mcp_types import ToolAnnotations
 from pydantic import Field
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from recall import audit
-from recall.auth import build_verifier, client_of, user_from_token
+from recall.auth import MCP_PATH, TokenFirst, build_verifier, client_of, user_from_token
 from recall.concurrency import BoundedRuns
 from recall.conversations import (
     LONE_SURROGATE,
@@ -65,8 +66,14 @@ from recall.conversations import (
 from recall.engines import make_engine
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError, Recalled
 from recall.files_store import FilesStore
-from recall.lifecycle import Forgotten, NotFound, parse_request, sweep_forever
-from recall.logs import configure_logging, user_fields
+from recall.lifecycle import (
+    Forgotten,
+    NotFound,
+    forgotten_message,
+    parse_request,
+    sweep_forever,
+)
+from recall.logs import Refusals, configure_logging, user_fields
 from recall.memory_api import MemoryApi
 from recall.metrics import Metrics, recall_timed_out
 from recall.settings import ConfigError, Settings, load_settings, settings_help
@@ -74,6 +81,7 @@ from recall.store import Mark, Store, StoreUnavailable
 from recall.transport import BodyTooLarge, fit_descriptor_limit, read_limited, serve
 
 log = logging.getLogger("recall")
+REFUSALS = Refusals(log)  # why requests were refused: each reason at INFO, rate-limited
 
 T = TypeVar("T")  # what a keyed route parses its body into
 RETRY_AFTER_SECONDS = 5  # a 503 of a store that is down: when the gateway may try again
@@ -136,6 +144,8 @@ def search_query(query: str) -> str:
 
 
 def error(status: int, message: str) -> JSONResponse:
+    """A refusal: its message names the field and the rule, never a value, so it is logged too."""
+    REFUSALS.note(f"request refused ({status}): {message}")
     return JSONResponse({"error": message}, status_code=status)
 
 
@@ -246,8 +256,12 @@ def create_app(settings: Settings) -> Starlette:
         # writes nothing. Tombstones: a forgotten (or erased) turn is never stored again.
         try:
             written = await store.put(user, conversation)
-        except Forgotten:
-            return error(410, "conversation_id: forgotten; every turn of this post was forgotten")
+        except Forgotten:  # the receipts say which operation it was (both stores keep them)
+            try:
+                found = await store.receipts(user)
+            except StoreUnavailable:
+                found = []
+            return error(410, forgotten_message(found, conversation.conversation_id))
         except StoreUnavailable:
             return unavailable()
         if not written:
@@ -436,7 +450,9 @@ def create_app(settings: Settings) -> Starlette:
         mcp.custom_route(path, methods)(endpoint)
 
     return mcp.http_app(
-        path="/mcp",
+        path=MCP_PATH,
+        # The token checked first on every method of /mcp, and a 401 that clients show.
+        middleware=[Middleware(TokenFirst, auth=verifier, refusals=REFUSALS)],
         # No per-client state: one token holder cannot fill a session table and lock others out.
         stateless_http=True,
         # One JSON body per call rather than an event stream: the tool sends nothing before its

@@ -1,20 +1,49 @@
-"""Who is calling: FastMCP's own token verifiers, and the user a verified token names."""
+"""Who is calling: FastMCP's own token verifiers, and the user a verified token names; how a
+refused token is answered at /mcp, and where a client signs in (RFC 9728)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from contextvars import ContextVar
+from urllib.parse import urlsplit
 
-from fastmcp.server.auth import AccessToken, TokenVerifier
+from fastmcp.server.auth import AccessToken, AuthProvider, RemoteAuthProvider, TokenVerifier
 from fastmcp.server.auth.providers.jwt import JWTVerifier, StaticTokenVerifier
 from fastmcp.utilities.auth import decode_jwt_header
 from joserfc import jwk
 from joserfc.errors import JoseError
+from mcp.server.auth.routes import build_resource_metadata_url, cors_middleware
+from pydantic import AnyHttpUrl
+from starlette.authentication import BaseUser
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from recall.logs import vetted
+from recall.logs import Refusals, vetted
 from recall.settings import PUBLIC_KEY_ALGORITHMS, ConfigError, Settings
 
 log = logging.getLogger(__name__)
+
+MCP_PATH = "/mcp"
+MEMORY_API = "/api/me"  # with /mcp, what a bearer token opens: a refusal there is logged
+REFUSED = "bearer token refused: "  # every refusal line starts so; the reason follows
+# Why the token being verified was refused, for this request's 401 and its log line: set by the
+# verifiers below (and from FastMCP's verifier lines) in the request's own context.
+REFUSAL: ContextVar[str | None] = ContextVar("recall_token_refusal", default=None)
+NO_TOKEN = "no bearer token (send Authorization: Bearer <token>)"
+# A JSON-RPC error code for "not signed in" (JSON-RPC leaves -32000 to -32099 to servers).
+UNAUTHORIZED = -32001
+WELL_KNOWN = "/.well-known/oauth-protected-resource"
+
+
+def refuse(reason: str) -> None:
+    """Records why the token being verified is refused (a fixed text, never a claim's value);
+    the first reason stands (FastMCP's verifier follows a JWKS line with a vaguer one)."""
+    if REFUSAL.get() is None:
+        REFUSAL.set(reason)
+
 
 # FastMCP's verifiers log here, and name the caller (client_id, azp or sub: often the user).
 FASTMCP_VERIFIER_LOGGER = "fastmcp.server.auth.providers.jwt"
@@ -33,33 +62,32 @@ KNOWN_ALGORITHMS = frozenset({*PUBLIC_KEY_ALGORITHMS, "HS256", "HS384", "HS512",
 # JWKS"); "no key ID (kid) in token" quotes none.
 QUOTED_KID = "key id '"
 # What a line quoting the token's kid becomes: the kid is the caller's unverified text.
-KID_WITHHELD = "bearer token refused: no usable JWKS key for its key ID (kid withheld)"
+KID_WITHHELD = REFUSED + "no usable JWKS key for its key ID (kid withheld)"
 # Any exception while verifying: a malformed token (a header nested too deep, "exp": Infinity).
-MALFORMED = "bearer token refused: malformed token (details withheld)"
+MALFORMED = REFUSED + "malformed token (details withheld)"
 
 
 class CallerNamesWithheld(logging.Filter):
-    """Rewrites FastMCP's verifier lines to a fixed text, so no claim or header value reaches
-    the log; what passes is vetted, so it is written at DEBUG too (recall/logs.py).
+    """Takes FastMCP's verifier lines as refusal reasons (a fixed text each, so no claim or
+    header value reaches the log or the 401) and drops them: the refusal is logged once, by
+    whoever refuses the request (`TokenFirst`).
 
-    Lines about the key set (JWKS) pass as they are: they quote the identity provider's keys,
-    not a caller, and an operator needs them to fix a key setup. Those that quote the token's
-    key ID do not.
+    Lines about the key set (JWKS) pass as they are, at LOG_LEVEL, vetted so DEBUG keeps them
+    (recall/logs.py): they quote the identity provider's keys, not a caller, and an operator
+    needs them to fix a key setup. Those that quote the token's key ID are a refusal.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        vetted(record)
         template = str(record.msg)
+        if "JWKS" in template and QUOTED_KID not in record.getMessage().lower():
+            vetted(record)
+            return record.levelno >= logging.getLogger().getEffectiveLevel()
         if "JWKS" in template:
-            if QUOTED_KID not in record.getMessage().lower():
-                return True
-            record.msg = KID_WITHHELD
+            refuse(KID_WITHHELD.removeprefix(REFUSED))
         else:
             reason = next((text for mark, text in REFUSAL_REASONS if mark in template), None)
-            record.msg = f"bearer token refused: {reason or 'invalid token (details withheld)'}"
-        record.args = ()
-        record.exc_info = record.exc_text = None
-        return True
+            refuse(reason or "invalid token (details withheld)")
+        return False
 
 
 CALLER_NAMES_WITHHELD = CallerNamesWithheld()  # one instance: installing it twice is a no-op
@@ -71,7 +99,7 @@ class ExpiringJWTVerifier(JWTVerifier):
     async def load_access_token(self, token: str) -> AccessToken | None:
         access = await super().load_access_token(token)
         if access is not None and access.expires_at is None:
-            log.info("bearer token refused: no exp claim")
+            refuse("no exp claim")
             return None
         return access
 
@@ -88,13 +116,13 @@ class VerifierPerAlgorithm(TokenVerifier):
         try:
             header = decode_jwt_header(token)
         except ValueError:  # not three parts, or not base64 JSON
-            log.info("bearer token refused: signature or format invalid")
+            refuse("signature or format invalid")
             return None
         algorithm = header.get("alg") if isinstance(header, dict) else None
         verifier = self._verifiers.get(algorithm) if isinstance(algorithm, str) else None
         if verifier is None:
             shown = algorithm if algorithm in KNOWN_ALGORITHMS else "an unknown algorithm"
-            log.info("bearer token refused: signed with %s, not in JWT_ALGORITHMS", shown)
+            refuse(f"signed with {shown}, not in JWT_ALGORITHMS")
             return None
         return await verifier.verify_token(token)
 
@@ -112,11 +140,15 @@ class RefusedOnError(TokenVerifier):
         self._verifier = verifier
 
     async def verify_token(self, token: str) -> AccessToken | None:
+        REFUSAL.set(None)
         try:
-            return await self._verifier.verify_token(token)
-        except Exception:  # one fixed line: the exception would quote the token or its claims
-            log.info(MALFORMED)
+            access = await self._verifier.verify_token(token)
+        except Exception:  # a fixed reason: the exception would quote the token or its claims
+            refuse(MALFORMED.removeprefix(REFUSED))
             return None
+        if access is None and REFUSAL.get() is None:  # a demo token not in AUTH_TOKENS_FILE
+            refuse("unknown token")
+        return access
 
 
 def key_type(algorithm: str) -> str:
@@ -152,9 +184,108 @@ def public_key_pem(settings: Settings) -> str | None:
     return pem
 
 
-def build_verifier(settings: Settings) -> TokenVerifier:
-    logging.getLogger(FASTMCP_VERIFIER_LOGGER).addFilter(CALLER_NAMES_WITHHELD)
-    return RefusedOnError(_verifier(settings))
+def build_verifier(settings: Settings) -> AuthProvider:
+    """The token verifier /mcp and /api/me use; in JWT mode wrapped in FastMCP's provider that
+    serves where to sign in (RFC 9728), when JWT_ISSUER is a URL an MCP client can go to."""
+    verifier_log = logging.getLogger(FASTMCP_VERIFIER_LOGGER)
+    verifier_log.addFilter(CALLER_NAMES_WITHHELD)
+    # Every line is made, whatever LOG_LEVEL: each one is a refusal's reason for the 401.
+    verifier_log.setLevel(logging.DEBUG)
+    verifier = RefusedOnError(_verifier(settings))
+    issuer, origin = settings.jwt_issuer, settings.resource_origin()
+    if settings.auth_tokens_file or issuer is None or origin is None:  # demo: no IdP to name
+        return verifier
+    parts = urlsplit(issuer)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        log.warning("JWT_ISSUER is not an http(s) URL: no sign-in discovery at %s", WELL_KNOWN)
+        return verifier
+    return SignInDiscovery(verifier, issuer, origin)
+
+
+class SignInDiscovery(RemoteAuthProvider):
+    """FastMCP's resource-server provider: tokens checked by ``verifier``, and the Protected
+    Resource Metadata (RFC 9728) naming this server's /mcp and JWT_ISSUER as where to sign in,
+    at the path RFC 9728 gives for /mcp and at the bare well-known path that clients try too.
+    The document carries JWT_ISSUER exactly as set (pydantic's URL type would add a "/", and
+    an issuer is compared exactly)."""
+
+    def __init__(self, verifier: TokenVerifier, issuer: str, origin: str) -> None:
+        super().__init__(
+            verifier, [AnyHttpUrl(issuer)], base_url=origin, resource_name="recall-server"
+        )
+        self.issuer = issuer
+
+    def get_routes(self, mcp_path: str | None = None) -> list[Route]:
+        super().get_routes(mcp_path)  # FastMCP's hook: the provider learns the resource URL
+        resource = self._get_resource_url(mcp_path)
+        assert resource is not None  # base_url is always set here
+        document: dict[str, object] = {
+            "resource": str(resource),
+            "authorization_servers": [self.issuer],
+            "bearer_methods_supported": ["header"],
+            "resource_name": self.resource_name,
+        }
+        if self.scopes_supported:
+            document["scopes_supported"] = self.scopes_supported
+
+        async def metadata(_: Request) -> JSONResponse:
+            return JSONResponse(document, headers={"Cache-Control": "public, max-age=3600"})
+
+        endpoint = cors_middleware(metadata, ["GET", "OPTIONS"])  # browser clients read it too
+        paths = {urlsplit(str(build_resource_metadata_url(resource))).path, WELL_KNOWN}
+        return [Route(path, endpoint, methods=["GET", "OPTIONS"]) for path in sorted(paths)]
+
+    def metadata_url(self) -> str:
+        """Where the 401's WWW-Authenticate points (RFC 9728's path for /mcp)."""
+        resource = self._get_resource_url(MCP_PATH)
+        assert resource is not None
+        return str(build_resource_metadata_url(resource))
+
+
+class TokenFirst:
+    """ASGI middleware behind FastMCP's authentication: a request to /mcp without a token the
+    verifier accepted is answered 401 whatever its method (the route answered GET with 405
+    before it looked at the token), with RFC 6750's WWW-Authenticate (naming the sign-in
+    document in JWT mode) and a JSON-RPC error body that MCP clients show. A refusal at /mcp
+    or /api/me (which answers its own 401) is logged with its reason, rate-limited."""
+
+    def __init__(self, app: ASGIApp, auth: AuthProvider, refusals: Refusals) -> None:
+        self.app = app
+        self.metadata = auth.metadata_url() if isinstance(auth, SignInDiscovery) else None
+        self.refusals = refusals
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        user = scope.get("user")
+        if scope["type"] != "http" or (isinstance(user, BaseUser) and user.is_authenticated):
+            await self.app(scope, receive, send)
+            return
+        mcp = path.rstrip("/") == MCP_PATH
+        if not (mcp or path == MEMORY_API or path.startswith(f"{MEMORY_API}/")):
+            await self.app(scope, receive, send)
+            return
+        offered = any(
+            name == b"authorization" and value[:7].lower() == b"bearer "
+            for name, value in scope.get("headers", [])
+        )
+        reason = (REFUSAL.get() or "invalid token") if offered else NO_TOKEN
+        self.refusals.note(REFUSED + reason)
+        if not mcp:
+            await self.app(scope, receive, send)
+            return
+        await self.challenge(offered, reason)(scope, receive, send)
+
+    def challenge(self, offered: bool, reason: str) -> JSONResponse:
+        # RFC 6750 3.1: no error attribute when no token came; invalid_token when one was refused.
+        parts = [f'error="invalid_token", error_description="{reason}"'] if offered else []
+        if self.metadata:
+            parts.append(f'resource_metadata="{self.metadata}"')
+        message = f"Unauthorized: {REFUSED if offered else ''}{reason}"
+        if self.metadata:
+            message += f"; where to sign in: {self.metadata}"
+        body = {"jsonrpc": "2.0", "id": None, "error": {"code": UNAUTHORIZED, "message": message}}
+        challenge = "Bearer" + (" " + ", ".join(parts) if parts else "")
+        return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": challenge})
 
 
 def _verifier(settings: Settings) -> TokenVerifier:

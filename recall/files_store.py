@@ -31,9 +31,23 @@ from recall.lifecycle import Lifecycle, UserGates, admit_for, list_receipts, use
 from recall.logs import user_fields
 from recall.metrics import data_dir_writable
 from recall.scheduler import IndexScheduler, index_and_mark, index_stale
+from recall.settings import ConfigError
 from recall.store import AuditLine, Mark, MemoryState, Receipt, Turn
 
 log = logging.getLogger("recall")
+
+
+def prepare_data_dir(data_dir: Path) -> None:
+    """DATA_DIR made if missing; ConfigError, one line, when it cannot hold the store (a file by
+    that name, a parent that is a file, no permission, a read-only mount)."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ConfigError(f"DATA_DIR {data_dir}: is a file, not a directory")
+    try:
+        data_dir.mkdir(PRIVATE_DIR, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"DATA_DIR {data_dir}: cannot be created ({exc.strerror})") from exc
+    if not data_dir_writable(data_dir):
+        raise ConfigError(f"DATA_DIR {data_dir}: cannot be written by this user")
 
 
 class FilesStore:
@@ -51,6 +65,7 @@ class FilesStore:
             lambda run: run
         ),
     ) -> None:
+        prepare_data_dir(data_dir)  # before serving: at start a bad DATA_DIR was a traceback
         self.data_dir = data_dir
         self.engine = engine
         self.writes = writes

@@ -88,6 +88,29 @@ class Forgotten(Exception):
     """A post whose every turn is forgotten (its conversation's tombstone, or the erasure)."""
 
 
+def forgotten_message(receipts: list[dict[str, Any]], conversation_id: str) -> str:
+    """The 410 of a post whose every turn was forgotten, naming the operation that did it: the
+    last receipt that covers the conversation (an erase covers all; a forget, by request or by
+    retention, its own). Fixed texts only: no id, time or value, so it can be logged as is."""
+    covering = [
+        receipt
+        for receipt in receipts
+        if receipt.get("operation") == "erase"
+        or (receipt.get("operation"), receipt.get("conversation_id")) == ("forget", conversation_id)
+    ]
+    last = covering[-1] if covering else {}
+    if last.get("operation") == "erase":
+        done, by = "erased", "an erase of this user"
+    elif last.get("reason") == "retention":
+        done, by = "forgotten", "the retention sweep (RETENTION_DAYS)"
+    else:
+        done, by = "forgotten", "a forget of this conversation"
+    return (
+        f"conversation_id: every turn of this post was {done} by {by}, and is never stored "
+        "again (new turns are); nothing was written"
+    )
+
+
 def now_utc() -> datetime:
     return datetime.now(UTC)
 

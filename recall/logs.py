@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,6 +29,10 @@ JSON_UNESCAPED = re.compile("[\x7f-\x9f\u2028\u2029]")
 # Set on a library's record that a filter of ours has rewritten to hold no request data
 # (FastMCP's verifier lines, recall/auth.py): written at DEBUG like ours.
 VETTED = "recall_vetted"
+# A refusal's reason is written at most this often (seconds): a flood of one bad request cannot
+# flood the log, and one kind of refusal cannot hide another.
+REFUSAL_INTERVAL = 10.0
+REFUSAL_REASONS_KEPT = 1000  # reasons remembered at once: the memory of the limit is bounded
 
 
 def user_fields(user: str | Path, seconds: float | None = None) -> dict[str, object]:
@@ -100,3 +105,26 @@ def configure_logging(level: str, log_format: str = "text") -> None:
             logger.removeHandler(handler)
         logger.propagate = True
         logger.setLevel(logging.NOTSET)  # LOG_LEVEL, not FASTMCP_LOG_LEVEL, decides
+
+
+class Refusals:
+    """Why requests are refused, at INFO: each reason (a field and a rule, or a fixed text,
+    never a value) at most once every REFUSAL_INTERVAL seconds, with how many refusals of that
+    reason were left out since its last line."""
+
+    def __init__(self, logger: logging.Logger, interval: float = REFUSAL_INTERVAL) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._seen: dict[str, tuple[float, int]] = {}  # reason -> (when last written, left out)
+
+    def note(self, reason: str) -> None:
+        now = time.monotonic()
+        written, left_out = self._seen.get(reason, (float("-inf"), 0))
+        if now - written < self._interval:
+            self._seen[reason] = (written, left_out + 1)
+            return
+        if len(self._seen) >= REFUSAL_REASONS_KEPT:
+            self._seen.clear()
+        self._seen[reason] = (now, 0)
+        more = f" ({left_out} more since its last line)" if left_out else ""
+        self._logger.info("%s%s", reason, more)

@@ -6,6 +6,7 @@ import textwrap
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +17,10 @@ from recall.redaction import BadPatterns, Redactor
 # Words that mark a key copied from a sample rather than generated (compared lowercased).
 PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "example", "placeholder")
 # The JWT signing algorithms FastMCP's verifier knows, less the symmetric HS* ones.
+# LOG_LEVEL's values (any case): anything else stops the start with one line, not a traceback.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# How a missing, short or placeholder INGEST_KEY is answered: with a way to make a real one.
+GENERATE_KEY = "generate one, e.g. python3 -c 'import secrets; print(secrets.token_hex(16))'"
 PUBLIC_KEY_ALGORITHMS = (
     *("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512"),
     *("EdDSA", "Ed25519", "Ed448"),
@@ -107,6 +112,15 @@ class Settings(BaseSettings):
         json_schema_extra=shown("(required with JWTs)"),
     )
     jwt_user_claim: str = Field("sub", description="the claim that names the user")
+    # The resource an MCP client signs in for (RFC 9728): behind a proxy, the name clients use,
+    # which the server cannot see for itself; on loopback, the address it listens on.
+    public_url: str | None = Field(
+        None,
+        description="JWT mode: the origin clients reach this server at (`https://recall.example."
+        "com`), named as the resource in `/.well-known/oauth-protected-resource`; required when "
+        "`HOST` is not loopback",
+        json_schema_extra=shown("(`http://HOST:PORT` on loopback)"),
+    )
 
     # The store: one directory per user (files), or one PostgreSQL shared by replicas.
     store: Literal["files", "postgres"] = Field(
@@ -279,8 +293,21 @@ class Settings(BaseSettings):
         """Browser origins to serve besides the server's own and loopback ones."""
         return [name.strip() for name in self.allowed_origins.split(",") if name.strip()]
 
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        if value.upper() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return value
+
     @field_validator(
-        "jwt_jwks_uri", "jwt_public_key", "jwt_issuer", "jwt_audience", "funes_bin", "database_url"
+        "jwt_jwks_uri",
+        "jwt_public_key",
+        "jwt_issuer",
+        "jwt_audience",
+        "funes_bin",
+        "database_url",
+        "public_url",
     )
     @classmethod
     def _blank_is_unset(cls, value: str | None) -> str | None:
@@ -316,13 +343,12 @@ class Settings(BaseSettings):
     def problems(self) -> list[str]:
         """Reasons this configuration must not serve; empty when it may."""
         found = []
-        if len(self.ingest_key) < 16:
-            found.append("INGEST_KEY must be set to at least 16 characters")
+        if not self.ingest_key:
+            found.append(f"INGEST_KEY is not set: {GENERATE_KEY}")
+        elif len(self.ingest_key) < 16:
+            found.append(f"INGEST_KEY must be at least 16 characters: {GENERATE_KEY}")
         elif is_placeholder_key(self.ingest_key):
-            found.append(
-                "INGEST_KEY looks like a placeholder, not a secret: generate one, e.g. "
-                "python3 -c 'import secrets; print(secrets.token_hex(16))'"
-            )
+            found.append(f"INGEST_KEY looks like a placeholder, not a secret: {GENERATE_KEY}")
         jwt_keys = {
             "JWT_JWKS_URI": self.jwt_jwks_uri,
             "JWT_PUBLIC_KEY": self.jwt_public_key,
@@ -353,11 +379,38 @@ class Settings(BaseSettings):
                     f"JWT mode requires {' and '.join(missing)}: without them a token the key "
                     "signed for another service or issuer would be accepted"
                 )
+            found += self._public_url_problems()
         if self.store == "postgres" and not self.database_url:
             found.append("STORE=postgres requires DATABASE_URL")
         if self.store == "postgres" and self.engine == "funes":
             found.append("ENGINE=funes reads files: it works with STORE=files only")
         return found
+
+    def _public_url_problems(self) -> list[str]:
+        if self.public_url is None:
+            if self.resource_origin() is None:
+                return [
+                    f"HOST {self.host} is not loopback: in JWT mode set PUBLIC_URL to the origin "
+                    "clients reach this server at (https://recall.example.com), the resource "
+                    "they sign in for"
+                ]
+            return []
+        parts = urlsplit(self.public_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return ["PUBLIC_URL: must be an http or https URL, e.g. https://recall.example.com"]
+        if parts.path.strip("/") or parts.query or parts.fragment:
+            return ["PUBLIC_URL: an origin only (scheme://host[:port]), no path or query"]
+        return []
+
+    def resource_origin(self) -> str | None:
+        """The origin MCP clients reach the server at: PUBLIC_URL, or on loopback the address it
+        listens on; None when HOST is not loopback and PUBLIC_URL is unset."""
+        if self.public_url is not None:
+            return self.public_url.rstrip("/")
+        if self.host == "localhost" or _is_loopback_address(self.host):
+            host = f"[{self.host.strip('[]')}]" if ":" in self.host else self.host
+            return f"http://{host}:{self.port}"
+        return None
 
 
 def is_placeholder_key(key: str) -> bool:
@@ -372,7 +425,8 @@ def load_settings() -> Settings:
         return Settings()
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ConfigError(f"bad setting {str(first['loc'][0]).upper()}: {first['msg']}") from exc
+        message = first["msg"].removeprefix("Value error, ")  # our validators' own words
+        raise ConfigError(f"bad setting {str(first['loc'][0]).upper()}: {message}") from exc
 
 
 def _is_loopback_address(host: str) -> bool:

@@ -9,6 +9,8 @@ the way a real one is.
 --wait N first waits up to N seconds for the server's /healthz, so the seeder can be started
 together with the server; then, once everything is posted, up to N seconds more until /healthz
 reports no index run due or going on ("indexing": 0), so a search right after finds it all.
+A server that was already answering and refuses the key, or another program on the port, is
+reported as that: the server just started could not take the port.
 
 The key may also come from the environment (INGEST_KEY). Standard library only, so it runs
 anywhere Python does, without the project installed.
@@ -17,6 +19,7 @@ anywhere Python does, without the project installed.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
@@ -25,12 +28,22 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 TIMEOUT = 30.0  # seconds per post; /turns only writes a file, so this is generous
+# What a 410 means for the demo: erased or forgotten turns never come back, by design.
+START_OVER = (
+    "the server never stores forgotten or erased turns again; to seed the demo from the start, "
+    "stop the server, remove its data (rm -rf recall-data) and start it again"
+)
 
 
 class SeedError(Exception):
     """A reason to stop; the message is printed as the one-line error."""
+
+
+class KeyRefused(SeedError):
+    """The server answered 401 to the ingest key."""
 
 
 def load_conversations(folder: Path) -> list[dict[str, Any]]:
@@ -69,25 +82,45 @@ def post(url: str, key: str, body: dict[str, Any]) -> None:
         reason = getattr(exc, "reason", exc)
         raise SeedError(f"cannot reach the recall server at {url}: {reason}") from exc
     if status == 401:
-        raise SeedError(f"the server at {url} refused the ingest key (401): check INGEST_KEY")
+        raise KeyRefused(f"the server at {url} refused the ingest key (401): check INGEST_KEY")
     if status != 202:
         one_line = " ".join(detail.split())
-        raise SeedError(f"{url} answered {status} for {body['conversation_id']}: {one_line}")
+        hint = f"; {START_OVER}" if status == 410 else ""
+        raise SeedError(f"{url} answered {status} for {body['conversation_id']}: {one_line}{hint}")
 
 
-def wait_until_up(base_url: str, seconds: float) -> None:
-    """Poll /healthz until it answers 200, or stop with a SeedError after ``seconds``."""
+def port_held(url: str, what: str) -> SeedError:
+    port = urlsplit(url).port or 80
+    return SeedError(
+        f"{what} at {url}: another program holds port {port}, so a recall server started there "
+        "could not take it (its log says 'address already in use'); stop that program first"
+    )
+
+
+def wait_until_up(base_url: str, seconds: float) -> bool:
+    """Poll /healthz until a recall server answers, or stop with a SeedError after ``seconds``
+    (at once when another program answers there). Whether it was answering at the first poll:
+    then it was running before the seeder started."""
     url = base_url.rstrip("/") + "/healthz"
     deadline = time.monotonic() + seconds
+    first = True
     while True:
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
+                answer = json.loads(response.read())
+            if not (isinstance(answer, dict) and answer.get("status") == "ok"):
+                raise port_held(url, "something that is not a recall server answers")
+            return first
+        except urllib.error.HTTPError as exc:  # a recall server's /healthz is 200 (503: busy)
+            if exc.code != 503:
+                raise port_held(url, f"something answers {exc.code}, not a recall server,") from exc
         except OSError:  # refused while the server starts (URLError is an OSError)
             pass
+        except (http.client.HTTPException, ValueError) as exc:  # not HTTP, or not JSON
+            raise port_held(url, "something that is not a recall server answers") from exc
         if time.monotonic() > deadline:
             raise SeedError(f"no recall server answered at {url} within {seconds:g}s")
+        first = False
         time.sleep(0.25)
 
 
@@ -148,9 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         print("seed.py: no ingest key: pass --key or set INGEST_KEY", file=sys.stderr)
         return 2
     try:
-        if args.wait > 0:
-            wait_until_up(args.url, args.wait)
-        posts = seed(args.url, args.key, args.dir)
+        earlier = args.wait > 0 and wait_until_up(args.url, args.wait)
+        try:
+            posts = seed(args.url, args.key, args.dir)
+        except KeyRefused as exc:
+            if not earlier:
+                raise
+            raise SeedError(
+                f"a recall server was already running at {args.url} when the seeder started, "
+                "and it refuses this INGEST_KEY (401): it is an earlier server, started with "
+                "another key, and the one just started could not take its port (its log says "
+                "'address already in use'); stop the earlier server (kill its process) and "
+                "start again"
+            ) from exc
         print(f"posted {posts} times to {args.url.rstrip('/')}/turns")
         if args.wait > 0:
             wait_until_indexed(args.url, args.wait)

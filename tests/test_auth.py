@@ -15,14 +15,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from conftest import FakeFunes, Server, conversation, make_server, wait_for
 from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from joserfc import jwk, jwt
+from mcp import ClientSession
+from mcp.client.auth.utils import (
+    build_protected_resource_metadata_discovery_urls,
+    extract_resource_metadata_from_www_auth,
+    handle_protected_resource_response,
+)
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth_utils import check_resource_allowed
 from test_memory_api import call
 
-from recall.auth import KID_WITHHELD, MALFORMED
+from recall.auth import KID_WITHHELD, MALFORMED, UNAUTHORIZED
+from recall.settings import Settings
 
 ISSUER = "https://id.example.test"
 AUDIENCE = "recall-server"
@@ -374,8 +384,8 @@ def test_a_malformed_bearer_token_is_401_at_mcp_and_api_me_and_breaks_no_other_r
     assert statuses == {why: expected for why in malformed}
     log = server.log()
     assert "Traceback" not in log and "Exception in ASGI application" not in log
-    if mode == "jwt":  # one fixed line each time the verifier raised, quoting nothing
-        assert log.count(MALFORMED) >= len(malformed)
+    if mode == "jwt":  # a fixed line when the verifier raised, quoting nothing (rate-limited)
+        assert MALFORMED in log
 
 
 def audit_of(server: Server, user: str) -> list[dict[str, Any]]:
@@ -479,3 +489,181 @@ def test_a_token_kid_cannot_forge_a_log_line_and_key_set_lines_stay_for_the_oper
     assert KID_WITHHELD in log
     # and the key set's own lines, which an operator needs, are still written at DEBUG
     assert "Skipping JWKS key 'ec-1': key type 'EC' is incompatible with algorithm RS256" in log
+
+
+# --- where to sign in (RFC 9728), and a 401 that MCP clients show -----------------------------
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+MCP_HEADERS = {"accept": "application/json, text/event-stream"}
+
+
+async def discover(server: Server, token: str | None = None) -> tuple[Any, dict[str, Any] | None]:
+    """What the official MCP SDK's discovery finds: the 401 of /mcp, then the protected resource
+    metadata at the URLs the SDK tries in its order (the header's first); the raw document."""
+    headers = {**MCP_HEADERS, **({"authorization": f"Bearer {token}"} if token else {})}
+    async with httpx2.AsyncClient() as http:
+        refused = await http.post(f"{server.url}/mcp", json=INITIALIZE, headers=headers)
+        named = extract_resource_metadata_from_www_auth(refused)
+        for url in build_protected_resource_metadata_discovery_urls(named, f"{server.url}/mcp"):
+            found = await http.get(url)
+            if await handle_protected_resource_response(found) is not None:
+                return refused, {"url": url, **found.json()}
+    return refused, None
+
+
+async def test_jwt_mode_tells_mcp_clients_where_to_sign_in_from_the_401_of_mcp(
+    jwt_server: tuple[Server, RSAKeyPair],
+) -> None:
+    # given a server verifying JWTs of one issuer
+    server, keys = jwt_server
+    # when the MCP SDK's discovery meets /mcp without a token, and with an expired one
+    for token in (None, signed(keys, claims(exp=int(time.time()) - 60))):
+        refused, document = await discover(server, token)
+        # then the 401 names the metadata document, which names /mcp and the issuer exactly
+        assert refused.status_code == 401
+        named = f"{server.url}/.well-known/oauth-protected-resource/mcp"
+        assert f'resource_metadata="{named}"' in refused.headers["www-authenticate"]
+        assert document == {
+            "url": named,
+            "resource": f"{server.url}/mcp",
+            "authorization_servers": [ISSUER],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "recall-server",
+        }
+        assert check_resource_allowed(f"{server.url}/mcp", document["resource"])
+    # and the bare well-known path, which clients try last, serves the same document
+    status, _, root = call(server, "GET", "/.well-known/oauth-protected-resource")
+    assert status == 200 and root == {k: v for k, v in document.items() if k != "url"}
+
+
+def test_behind_a_proxy_the_sign_in_document_names_the_public_url(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # given a server reached as https://recall.example.test through a proxy
+    keys = RSAKeyPair.generate()
+    settings = {**jwt_settings(keys, fake_funes), "PUBLIC_URL": "https://recall.example.test/"}
+    with make_server(tmp_path, **settings).start() as server:
+        # when a client is refused and reads the document
+        refused = call(server, "POST", "/mcp", INITIALIZE, None, MCP_HEADERS)
+        status, _, document = call(server, "GET", "/.well-known/oauth-protected-resource/mcp")
+    # then both name the public URL, not the address the server listens on
+    public = "https://recall.example.test"
+    challenge = refused[1]["www-authenticate"]
+    assert f'resource_metadata="{public}/.well-known/oauth-protected-resource/mcp"' in challenge
+    assert status == 200 and document["resource"] == f"{public}/mcp"
+
+
+def test_jwt_mode_off_loopback_needs_the_public_url_clients_sign_in_for() -> None:
+    keys = RSAKeyPair.generate()
+    settings = {
+        "ingest_key": secrets.token_hex(16),
+        "host": "0.0.0.0",
+        "allowed_hosts": "recall.example.test",
+        "jwt_public_key": keys.public_key,
+        "jwt_issuer": ISSUER,
+        "jwt_audience": AUDIENCE,
+    }
+    problems = Settings(**settings).problems()
+    assert [p for p in problems if "PUBLIC_URL" in p] == [
+        "HOST 0.0.0.0 is not loopback: in JWT mode set PUBLIC_URL to the origin clients reach "
+        "this server at (https://recall.example.com), the resource they sign in for"
+    ]
+    assert Settings(**settings, public_url="https://recall.example.test").problems() == []
+    assert Settings(**settings, public_url="https://recall.example.test/x").problems() == [
+        "PUBLIC_URL: an origin only (scheme://host[:port]), no path or query"
+    ]
+
+
+def test_demo_tokens_have_no_sign_in_document_and_the_401_names_none(funes_server: Server) -> None:
+    # given demo tokens (no authorization server to name), then no document, and a bare challenge
+    for path in (
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    ):
+        assert call(funes_server, "GET", path)[0] == 404
+    refused = call(funes_server, "POST", "/mcp", INITIALIZE, None, MCP_HEADERS)
+    assert refused[0] == 401 and refused[1]["www-authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"), [("jwt", "token expired"), ("demo tokens", "unknown token")]
+)
+def test_every_method_of_mcp_checks_the_token_first_and_the_401_says_why(
+    tmp_path: Path, fake_funes: FakeFunes, mode: str, reason: str
+) -> None:
+    # given a server, and a token it refuses
+    keys = RSAKeyPair.generate()
+    refused = signed(keys, claims(exp=int(time.time()) - 60)) if mode == "jwt" else "not-a-token"
+    with make_server(tmp_path, **mode_settings(mode, keys, fake_funes)).start() as server:
+        # when each method comes without a token and with the refused one
+        answers = {
+            (method, offered): call(
+                server,
+                method,
+                "/mcp",
+                INITIALIZE if method in ("POST", "PUT") else None,
+                refused if offered else None,
+                MCP_HEADERS,
+            )
+            for method in ("GET", "POST", "DELETE", "PUT")
+            for offered in (False, True)
+        }
+    # then each is 401 (GET was 405 before the token was looked at), with RFC 6750's header and
+    # a JSON-RPC error that names the reason
+    for (method, offered), (status, headers, body) in answers.items():
+        assert status == 401, (method, offered)
+        challenge = headers["www-authenticate"]
+        assert challenge.startswith("Bearer")
+        assert ('error="invalid_token"' in challenge) is offered
+        assert body["jsonrpc"] == "2.0" and body["id"] is None
+        assert body["error"]["code"] == UNAUTHORIZED
+        expected = f"bearer token refused: {reason}" if offered else "no bearer token"
+        assert expected in body["error"]["message"], (method, body)
+
+
+def shown(exc: BaseException) -> str:
+    """Every message an exception carries, through exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return " | ".join(shown(inner) for inner in exc.exceptions)
+    return str(exc)
+
+
+async def official_sdk_session(url: str, token: str) -> None:
+    async with (
+        httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+
+
+async def fastmcp_session(url: str, token: str) -> None:
+    async with Client(url, auth=token) as client:
+        await client.list_tools()
+
+
+@pytest.mark.parametrize("connect", [official_sdk_session, fastmcp_session])
+async def test_mcp_clients_show_why_a_token_was_refused(
+    jwt_server: tuple[Server, RSAKeyPair], connect: Any
+) -> None:
+    # given an expired token, and a token for another audience
+    server, keys = jwt_server
+    tokens = {
+        "token expired": signed(keys, claims(exp=int(time.time()) - 60)),
+        "audience mismatch": signed(keys, claims(aud="other-api")),
+    }
+    for reason, token in tokens.items():
+        # when a real MCP client connects with it
+        with pytest.raises(BaseException) as raised:  # each client raises its own type
+            await connect(f"{server.url}/mcp", token)
+        # then what it raises names the reason, not only "Server returned an error response"
+        assert f"Unauthorized: bearer token refused: {reason}" in shown(raised.value)

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, make_server
 
-from recall.settings import Settings
+from recall.settings import GENERATE_KEY, Settings
 from recall.testing import free_port
+
+LEVELS = "DEBUG, INFO, WARNING, ERROR"
 
 
 def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -53,6 +55,44 @@ def test_a_bad_setting_stops_the_server_with_one_line_naming_it(tmp_path: Path) 
     done = run("recall_server.py", env=env)
     assert done.returncode == 1
     assert done.stderr.startswith("recall-server: bad setting RECALL_K: ")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "line"),
+    [
+        ("LOG_LEVEL", "verbose", f"bad setting LOG_LEVEL: must be one of {LEVELS}"),
+        ("DATA_DIR", "{file}", "DATA_DIR {file}: is a file, not a directory"),
+        ("DATA_DIR", "{file}/data", "DATA_DIR {file}/data: cannot be created (Not a directory)"),
+        ("DATA_DIR", "/proc/recall-data", "DATA_DIR /proc/recall-data: cannot be created ("),
+    ],
+)
+def test_a_log_level_or_data_dir_the_server_cannot_use_stops_it_with_one_line(
+    tmp_path: Path, setting: str, value: str, line: str
+) -> None:
+    # given a setting the server cannot serve with: an unknown level, DATA_DIR naming a file,
+    # a path below a file, a path no one may create
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a directory")
+    value, line = value.format(file=a_file), line.format(file=a_file)
+    env = {**make_server(tmp_path, ENGINE="embedded").env, setting: value}
+    # when it starts
+    done = run("recall_server.py", env=env)
+    # then it exits with one line that names the setting and why, no traceback
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"recall-server: {line}"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("key", ["", "too-short", "change-me-change-me-change-me"])
+def test_a_missing_short_or_placeholder_ingest_key_is_answered_with_how_to_generate_one(
+    tmp_path: Path, key: str
+) -> None:
+    env = make_server(tmp_path, ENGINE="embedded", INGEST_KEY=key).env
+    done = run("recall_server.py", env=env)
+    assert done.returncode == 1
+    assert done.stderr.startswith("recall-server: INGEST_KEY ")
+    assert done.stderr.strip().endswith(GENERATE_KEY)
     assert len(done.stderr.strip().splitlines()) == 1
 
 
@@ -125,3 +165,69 @@ def test_an_unknown_argument_exits_2_with_one_line_pointing_to_help(tmp_path: Pa
     done = run("recall_server.py", "--port", "9000", env=env)
     assert done.returncode == 2
     assert done.stderr.strip() == "recall-server: unknown argument '--port'; see --help"
+
+
+def test_seeder_with_wait_reports_an_earlier_server_on_the_port_not_a_wrong_key(
+    tmp_path: Path,
+) -> None:
+    # given a server from an earlier paste still running, and the block pasted again: a new key,
+    # and a new server on the same port, which cannot start
+    with make_server(tmp_path, ENGINE="embedded").start() as first:
+        second = {**first.env, "INGEST_KEY": "a-new-key-" + "0123456789abcdef"}
+        started = run("recall_server.py", env=second)
+        # when the seeder waits for the server and posts with the new key
+        done = run(
+            "seeds/seed.py", "--url", first.url, "--key", second["INGEST_KEY"], "--wait", "30"
+        )
+    # then it says an earlier server holds the port, in one line, not "check INGEST_KEY"
+    assert started.returncode != 0 and "address already in use" in started.stderr
+    assert done.returncode == 1
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith(f"seed.py: a recall server was already running at {first.url}")
+    assert "refuses this INGEST_KEY (401): it is an earlier server" in done.stderr
+
+
+def test_seeder_with_wait_reports_a_port_held_by_another_program_at_once(tmp_path: Path) -> None:
+    # given another program answering HTTP on the port (a file server: /healthz is 404)
+    port = free_port()
+    other = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while run("-c", f"import urllib.request; urllib.request.urlopen('{url}/')").returncode:
+            assert time.monotonic() < deadline
+        # when the seeder waits for a recall server there
+        started = time.monotonic()
+        done = run("seeds/seed.py", "--url", url, "--key", "k" * 32, "--wait", "60")
+    finally:
+        other.terminate()
+        other.wait(10)
+    # then it says, at once and in one line, that another program holds the port
+    assert done.returncode == 1 and time.monotonic() - started < 30
+    assert done.stderr.strip() == (
+        f"seed.py: something answers 404, not a recall server, at {url}/healthz: another "
+        f"program holds port {port}, so a recall server started there could not take it (its "
+        "log says 'address already in use'); stop that program first"
+    )
+
+
+def test_seeding_again_after_an_erase_names_the_erase_and_how_to_start_over(
+    tmp_path: Path,
+) -> None:
+    # given the demo seeded, then alice erased
+    with make_server(tmp_path, ENGINE="embedded").start() as server:
+        key = server.ingest_key
+        assert run("seeds/seed.py", "--url", server.url, "--key", key).returncode == 0
+        assert server.post({"user": "alice"}, route="/erase")[0] == 200
+        # when the demo is seeded again
+        done = run("seeds/seed.py", "--url", server.url, "--key", key)
+    # then it stops with one line that says it was an erase, and how to start over
+    assert done.returncode == 1
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "410" in done.stderr and "was erased by an erase of this user" in done.stderr
+    assert done.stderr.strip().endswith("remove its data (rm -rf recall-data) and start it again")

@@ -234,6 +234,31 @@ async def test_a_repost_of_a_forgotten_conversation_is_refused_with_410(
     assert not is_stored(server, user, "secret")
 
 
+async def test_a_410_names_the_operation_that_forgot_the_posted_turns(
+    server: Server, user: str
+) -> None:
+    # Given a forgotten conversation
+    seed(server, user)
+    assert forget(server, user, "secret")[0] == 200
+    secret = conversation(user, "secret", f"The vault code word is {SECRET}.", "Noted.")
+    kept = conversation(user, "kept", f"The garden plan is {KEPT}.", "Noted the plan.", day=9)
+    # When it is posted again, then the 410 says a forget did it
+    status, body = server.post(secret)
+    assert status == 410
+    assert body["error"] == (
+        "conversation_id: every turn of this post was forgotten by a forget of this "
+        "conversation, and is never stored again (new turns are); nothing was written"
+    )
+    # And once the user is erased, a post of either conversation is told it was the erase
+    assert server.post({"user": user}, route="/erase")[0] == 200
+    for again in (kept, secret):
+        status, body = server.post(again)
+        assert status == 410
+        assert body["error"].startswith(
+            "conversation_id: every turn of this post was erased by an erase of this user,"
+        )
+
+
 async def test_a_repost_stores_only_turns_stamped_after_the_forget(
     server: Server, user: str
 ) -> None:
@@ -724,3 +749,15 @@ def test_retention_also_drops_old_lines_of_the_recall_audit(tmp_path: Path) -> N
     # Then the old line is gone and the recent one kept
     assert status == 200
     assert [e["query"] for e in answer["entries"]] == [KEPT]
+
+
+def test_the_410_names_the_retention_sweep_when_it_forgot_the_conversation() -> None:
+    receipts = [
+        {"operation": "erase"},
+        {"operation": "forget", "conversation_id": "other", "reason": "request"},
+        {"operation": "forget", "conversation_id": "c1", "reason": "retention"},
+    ]
+    assert "forgotten by the retention sweep (RETENTION_DAYS)" in lifecycle.forgotten_message(
+        receipts, "c1"
+    )
+    assert "erased by an erase of this user" in lifecycle.forgotten_message(receipts, "c2")
