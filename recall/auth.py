@@ -193,7 +193,10 @@ def build_verifier(settings: Settings) -> AuthProvider:
     verifier_log.setLevel(logging.DEBUG)
     verifier = RefusedOnError(_verifier(settings))
     issuer, origin = settings.jwt_issuer, settings.resource_origin()
-    if settings.auth_tokens_file or issuer is None or origin is None:  # demo: no IdP to name
+    if settings.auth_tokens_file or issuer is None:  # demo: no IdP to name
+        return verifier
+    if origin is None:  # behind a proxy the server cannot see the name clients use
+        log.warning("PUBLIC_URL is not set: no sign-in discovery at %s", WELL_KNOWN)
         return verifier
     parts = urlsplit(issuer)
     if parts.scheme not in ("http", "https") or not parts.hostname:

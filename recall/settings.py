@@ -117,8 +117,8 @@ class Settings(BaseSettings):
     public_url: str | None = Field(
         None,
         description="JWT mode: the origin clients reach this server at (`https://recall.example."
-        "com`), named as the resource in `/.well-known/oauth-protected-resource`; required when "
-        "`HOST` is not loopback",
+        "com`), named as the resource in `/.well-known/oauth-protected-resource`; unset with a "
+        "`HOST` that is not loopback, no sign-in discovery is served",
         json_schema_extra=shown("(`http://HOST:PORT` on loopback)"),
     )
 
@@ -388,13 +388,7 @@ class Settings(BaseSettings):
 
     def _public_url_problems(self) -> list[str]:
         if self.public_url is None:
-            if self.resource_origin() is None:
-                return [
-                    f"HOST {self.host} is not loopback: in JWT mode set PUBLIC_URL to the origin "
-                    "clients reach this server at (https://recall.example.com), the resource "
-                    "they sign in for"
-                ]
-            return []
+            return []  # off loopback without it: no sign-in discovery (auth.py says so at start)
         parts = urlsplit(self.public_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return ["PUBLIC_URL: must be an http or https URL, e.g. https://recall.example.com"]

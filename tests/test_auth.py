@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import secrets
 import threading
 import time
@@ -31,7 +32,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth_utils import check_resource_allowed
 from test_memory_api import call
 
-from recall.auth import KID_WITHHELD, MALFORMED, UNAUTHORIZED
+from recall.auth import KID_WITHHELD, MALFORMED, UNAUTHORIZED, SignInDiscovery, build_verifier
 from recall.settings import Settings
 
 ISSUER = "https://id.example.test"
@@ -562,7 +563,9 @@ def test_behind_a_proxy_the_sign_in_document_names_the_public_url(
     assert status == 200 and document["resource"] == f"{public}/mcp"
 
 
-def test_jwt_mode_off_loopback_needs_the_public_url_clients_sign_in_for() -> None:
+def test_jwt_mode_off_loopback_serves_sign_in_discovery_once_public_url_names_the_origin(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     keys = RSAKeyPair.generate()
     settings = {
         "ingest_key": secrets.token_hex(16),
@@ -572,12 +575,14 @@ def test_jwt_mode_off_loopback_needs_the_public_url_clients_sign_in_for() -> Non
         "jwt_issuer": ISSUER,
         "jwt_audience": AUDIENCE,
     }
-    problems = Settings(**settings).problems()
-    assert [p for p in problems if "PUBLIC_URL" in p] == [
-        "HOST 0.0.0.0 is not loopback: in JWT mode set PUBLIC_URL to the origin clients reach "
-        "this server at (https://recall.example.com), the resource they sign in for"
-    ]
-    assert Settings(**settings, public_url="https://recall.example.test").problems() == []
+    # without PUBLIC_URL the server starts (as before it existed), with no document, and says so
+    unnamed = Settings(**settings)
+    assert unnamed.problems() == []
+    with caplog.at_level(logging.WARNING, logger="recall.auth"):
+        assert not isinstance(build_verifier(unnamed), SignInDiscovery)
+    assert "PUBLIC_URL is not set: no sign-in discovery" in caplog.text
+    named = Settings(**settings, public_url="https://recall.example.test")
+    assert named.problems() == [] and isinstance(build_verifier(named), SignInDiscovery)
     assert Settings(**settings, public_url="https://recall.example.test/x").problems() == [
         "PUBLIC_URL: an origin only (scheme://host[:port]), no path or query"
     ]
