@@ -43,6 +43,7 @@ from recall.auth import user_from_token
 from recall.conversations import CONVERSATION_ID, is_recalled
 from recall.engines.base import EngineError, Recalled
 from recall.lifecycle import NotFound
+from recall.reading import turn_text
 from recall.store import Store, StoreUnavailable
 from recall.transport import BodyTooLarge, read_limited
 
@@ -103,13 +104,6 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> J
 
 
 # --- a user's conversations as the page shows them ------------------------------------------
-
-
-def turn_text(turn: dict[str, Any]) -> str:
-    blocks = turn.get("blocks")
-    if not isinstance(blocks, list):
-        return ""
-    return "\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
 
 
 def page_turns(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -90,7 +90,9 @@ def test_funes_hits_are_read_by_their_header_and_hint_lines_whatever_a_turn_hold
     )
     # When it is read
     hits = parse_hits(out)
-    recalled = render_hits(hits)
+    recalled = render_hits(
+        hits, "0123456789abcdef01234567", {("conv-one", "t1"): 0, ("conv-two", "t7"): 6}
+    )
     # Then there are two hits, each whole, named by the full session and turn of its hint line
     assert [(h.session, h.turn, h.ts) for h in hits] == [
         ("conv-one", "t1", "2026-10-08T09:00:00Z"),
