@@ -32,11 +32,9 @@ ELLIPSIS = "…"
 
 
 def checked_turns(from_turn: int, to_turn: int | None) -> None:
-    """ValueError, naming the argument, for a range the tool cannot read."""
+    """ValueError, naming the argument, for a range the tool cannot read (the MCP SDK has
+    already refused what is not a whole number, naming the argument too)."""
     for name, value in (("from_turn", from_turn), ("to_turn", to_turn)):
-        # bool is an int to Python, not to the agent: True is no turn number.
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{name}: must be a whole number")
         if value is not None and value < 1:
             raise ValueError(f"{name}: must be 1 or more (turns are numbered from 1), not {value}")
     if to_turn is not None and from_turn > to_turn:
@@ -144,7 +142,7 @@ def entry(
     """One audit line for a read: the search's line (when, which client, the turns served),
     with what was asked for in place of a query."""
     line = {key: value for key, value in audit.entry(client, "", answer).items() if key != "query"}
-    if not answer.passages:
-        line["outcome"] = "not_found" if answer.text == NOT_FOUND else line["outcome"]
+    if not answer.passages:  # the search's fail-soft outcomes, or no turn of the user's to show
+        line["outcome"] = audit.OUTCOMES.get(answer.text, "not_found")
     read = {"ref": ref, "from_turn": from_turn, "to_turn": to_turn}
     return {**line, "tool": READ_TOOL, "read": read}

@@ -147,8 +147,10 @@ async def test_a_read_is_audited_with_the_turns_it_served(server: Server) -> Non
         ("alice-nightly", "alice-nightly-2", "2026-10-01T07:47:00Z"),
         ("alice-nightly", "alice-nightly-3", "2026-10-01T07:50:00Z"),
     ]
-    # and a read of an unknown reference is audited as found nothing
+    # and a read of an unknown reference, or past the end, is audited as found nothing
     await server.read("alice", ref="0" * 12)
+    assert audit_of(server, "alice")[-1]["outcome"] == "not_found"
+    await server.read("alice", ref=ref, from_turn=99)
     assert audit_of(server, "alice")[-1]["outcome"] == "not_found"
 
 
