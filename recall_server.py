@@ -6,10 +6,12 @@ Two paths, two credentials:
   to /turns with the shared `x-ingest-key`. We validate it and hand it to the store, which keeps
   it durably (a funes-format file under DATA_DIR/<hash of user>/src, or a committed row in
   PostgreSQL) before the 202, and schedules a debounced index run.
-- Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp. The user
-  comes from the verified bearer token, never from the query. Bounded concurrency, a timeout,
-  a character cap, and it fails soft: a memory problem never breaks the conversation. Each call
-  is recorded in the user's own audit, which POST /audit returns.
+- Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp, and
+  `read_my_conversation(ref, from_turn, to_turn)` to read a hit's turns whole by the reference
+  its passage header shows (recall/reading.py). The user comes from the verified bearer token,
+  never from an argument. Bounded concurrency, a timeout, a character cap, and both fail soft: a
+  memory problem never breaks the conversation. Each call is recorded in the user's own audit,
+  which POST /audit returns.
 
 - Lifecycle. POST /forget, /erase and /receipts (same key, the user in the body) forget a
   conversation, erase a user and list the receipts; tombstones keep forgotten turns out of later
@@ -424,7 +426,7 @@ def create_app(settings: Settings) -> Starlette:
         if user is None:
             log.warning("tool call refused: token has no %s claim", settings.jwt_user_claim)
             return UNAVAILABLE
-        user_hash = user_dir_name(user)
+        user_hash = user_dir_name(user)  # from the verified token, never from an argument
         try:
             mark = await store.mark(user_hash)
         except StoreUnavailable:
