@@ -93,7 +93,8 @@ class Reading:
             )
         last = total if self.to_turn is None else min(self.to_turn, total)
         # Room kept for the last line: its longest form, every number as wide as it can be.
-        widest = f", cut at {max_chars:,} of its {max_chars * 1000:,} characters"
+        longest = max(len(turn_text(t)) for t in self.turns[self.from_turn - 1 : last])
+        widest = f", cut at {longest:,} of its {longest:,} characters"
         room = max_chars - len(self._last_line(last, last + 1, total, widest))
         shown: list[Passage] = []
         text, cut = "", ""
