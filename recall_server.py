@@ -6,10 +6,12 @@ Two paths, two credentials:
   to /turns with the shared `x-ingest-key`. We validate it and hand it to the store, which keeps
   it durably (a funes-format file under DATA_DIR/<hash of user>/src, or a committed row in
   PostgreSQL) before the 202, and schedules a debounced index run.
-- Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp. The user
-  comes from the verified bearer token, never from the query. Bounded concurrency, a timeout,
-  a character cap, and it fails soft: a memory problem never breaks the conversation. Each call
-  is recorded in the user's own audit, which POST /audit returns.
+- Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp, and
+  `read_my_conversation(ref, from_turn, to_turn)` to read a hit's turns whole by the reference
+  its passage header shows (recall/reading.py). The user comes from the verified bearer token,
+  never from an argument. Bounded concurrency, a timeout, a character cap, and both fail soft: a
+  memory problem never breaks the conversation. Each call is recorded in the user's own audit,
+  which POST /audit returns.
 
 - Lifecycle. POST /forget, /erase and /receipts (same key, the user in the body) forget a
   conversation, erase a user and list the receipts; tombstones keep forgotten turns out of later
@@ -38,12 +40,13 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
 from fastmcp import FastMCP
+from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_access_token
 from mcp_types import ToolAnnotations
 from pydantic import Field
@@ -52,7 +55,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from recall import audit
+from recall import audit, reading
 from recall.auth import MCP_PATH, TokenFirst, build_verifier, client_of, user_from_token
 from recall.concurrency import BoundedRuns
 from recall.conversations import (
@@ -76,8 +79,9 @@ from recall.lifecycle import (
 from recall.logs import Refusals, configure_logging, user_fields
 from recall.memory_api import MemoryApi
 from recall.metrics import Metrics, recall_timed_out
+from recall.reading import checked_turns
 from recall.settings import ConfigError, Settings, load_settings, settings_help
-from recall.store import Mark, Store, StoreUnavailable
+from recall.store import AuditLine, Mark, Store, StoreUnavailable
 from recall.transport import BodyTooLarge, fit_descriptor_limit, read_limited, serve
 
 log = logging.getLogger("recall")
@@ -100,7 +104,39 @@ you to know. Look it up before asking them to repeat themselves.
 Query with a few words built around identifiers and key nouns ("MT-4471 K-2 ticket",
 "N-11 upgrade decision", "forecast base case parameters"), not a whole sentence. If the first
 search misses, search again with other words. Quote what comes back with its date; never fill
-gaps with guesses, and say so when the earlier conversations do not contain the answer."""
+gaps with guesses, and say so when the earlier conversations do not contain the answer.
+
+Passages and their neighbouring turns may be cut ("…"). Each passage's header ends with
+"ref <ref> turn <n>": when you need a turn word for word (an exact error message, a table, the
+numbers) or what was said around it, call read_my_conversation with that ref and turn range
+rather than searching again."""
+
+READ_DESCRIPTION = """\
+Read turns of one of this user's own earlier conversations whole, word for word and dated.
+
+Use it after recall_my_conversations, when a passage or a neighbouring turn was cut ("…") or
+you need what was said just before or after it: pass the ref from the passage's header
+("ref <ref> turn <n>") and the turns you want, e.g. from_turn=n-1, to_turn=n+1. It does not
+search: to find something, use recall_my_conversations. The answer is capped in length; its
+last line says which turns were shown of how many and gives the exact call that reads on."""
+
+REF_DESCRIPTION = (
+    "The conversation's reference, from a passage header of recall_my_conversations "
+    '("ref <ref> turn <n>"): 12 hexadecimal characters.'
+)
+FROM_TURN_DESCRIPTION = "The first turn to read (turns are numbered from 1, as the headers show)."
+TO_TURN_DESCRIPTION = (
+    "The last turn to read (at least from_turn); leave it out to read on to the end, as far "
+    "as the answer's cap allows."
+)
+
+READ_ANNOTATIONS = ToolAnnotations(
+    title="Read one of my earlier conversations",
+    read_only_hint=True,  # it only reads the user's memory
+    destructive_hint=False,
+    idempotent_hint=True,
+    open_world_hint=False,  # the user's own stored conversations, not the web
+)
 
 QUERY_DESCRIPTION = f"""\
 A few words built around identifiers and key nouns, e.g. "MT-4471 K-2 ticket" or "N-11 upgrade \
@@ -366,25 +402,73 @@ def create_app(settings: Settings) -> Starlette:
     async def recall_my_conversations(
         query: Annotated[str, Field(description=QUERY_DESCRIPTION)],
     ) -> str:
+        query = search_query(query)
+        return await as_caller(
+            lambda user, mark: search(user, query, mark),
+            lambda client, answer: audit.entry(client, query, answer),
+        )
+
+    @mcp.tool(
+        description=READ_DESCRIPTION,
+        title=READ_ANNOTATIONS.title,
+        annotations=READ_ANNOTATIONS,
+        output_schema=None,  # once, as text: as the search
+    )
+    async def read_my_conversation(
+        ref: Annotated[str, Field(description=REF_DESCRIPTION)],
+        from_turn: Annotated[int, Field(description=FROM_TURN_DESCRIPTION)] = 1,
+        to_turn: Annotated[int | None, Field(description=TO_TURN_DESCRIPTION)] = None,
+    ) -> str:
+        try:
+            checked_turns(from_turn, to_turn)
+        except ValueError as exc:  # the argument named first; nothing read, nothing audited
+            # The agent's mistake, not the server's: INFO, not FastMCP's default ERROR.
+            raise ToolError(str(exc), log_level=logging.INFO) from exc
+        ref = ref.strip()
+        return await as_caller(
+            lambda user, mark: read(user, ref, from_turn, to_turn, mark),
+            lambda client, answer: reading.entry(client, ref, from_turn, to_turn, answer),
+        )
+
+    async def as_caller(
+        answer: Callable[[str, Mark], Awaitable[Recalled]],
+        audit_line: Callable[[str | None, Recalled], AuditLine],
+    ) -> str:
+        """A tool call for the user the verified token names (never an argument): its answer,
+        recorded in that user's own audit. Fails soft, as every answer of the tools does."""
         token = get_access_token()
         user = user_from_token(token, settings.jwt_user_claim)
         if user is None:
-            log.warning("recall refused: token has no %s claim", settings.jwt_user_claim)
+            log.warning("tool call refused: token has no %s claim", settings.jwt_user_claim)
             return UNAVAILABLE
-        user_hash = user_dir_name(user)  # from the verified token, never from the query
-        query = search_query(query)
+        user_hash = user_dir_name(user)  # from the verified token, never from an argument
         try:
             mark = await store.mark(user_hash)
         except StoreUnavailable:
             return UNAVAILABLE
-        answer = await search(user_hash, query, mark)
+        found = await answer(user_hash, mark)
         # The user's own audit: who looked up what, which passages; none when an erase overlapped.
-        line = audit.entry(client_of(token, user), query, answer)
+        line = audit_line(client_of(token, user), found)
         try:
             await store.append_audit(user_hash, line, mark)
         except (OSError, StoreUnavailable) as exc:  # fail soft: the answer still goes out
             log.warning("audit for user %s not written: %s", user_hash, type(exc).__name__)
-        return answer.text
+        return found.text
+
+    async def read(
+        user: str, ref: str, from_turn: int, to_turn: int | None, mark: Mark
+    ) -> Recalled:
+        """The read tool's answer, in the search's slots, timeout and fail-soft answers."""
+        try:
+            found = await recalls.run(lambda: reading.find(store, user, ref))
+        except Exception as exc:
+            return failed_soft(user, "read", exc)
+        answer = (
+            Recalled(reading.NOT_FOUND)
+            if found is None
+            else reading.Reading(ref, *found, from_turn, to_turn).render(settings.max_result_chars)
+        )
+        return await unless_erased(user, mark, answer, Recalled(reading.NOT_FOUND))
 
     async def page_search(user: str, query: str) -> Recalled:
         """The memory page's search: the tool's own (bounds, fail-soft), not audited."""
@@ -396,13 +480,27 @@ def create_app(settings: Settings) -> Starlette:
 
     @metrics.recall
     async def search(user: str, query: str, mark: Mark) -> Recalled:
-        found = await search_memory(user, query)
-        # A recall that overlapped an erase may have read what it erased: none of it goes out.
+        return await unless_erased(
+            user, mark, await search_memory(user, query), Recalled(NO_MEMORY)
+        )
+
+    async def unless_erased(user: str, mark: Mark, found: Recalled, erased: Recalled) -> Recalled:
+        """``found``, or ``erased`` when an erase came since ``mark``: a call that overlapped
+        an erase may have read what it erased, and none of it goes out."""
         try:
-            erased = await store.erased_since(user, mark)
+            return erased if await store.erased_since(user, mark) else found
         except StoreUnavailable:
             return Recalled(UNAVAILABLE)
-        return Recalled(NO_MEMORY) if erased else found
+
+    def failed_soft(user: str, what: str, exc: Exception) -> Recalled:
+        """What a tool answers when its work failed: the cause to the log, never to the agent;
+        whatever went wrong, the conversation goes on."""
+        log.warning("%s failed for user %s: %s", what, user, describe(exc), extra=user_fields(user))
+        if isinstance(exc, TimeoutError):  # the same answer; another outcome in /metrics
+            recall_timed_out()
+        if isinstance(exc, EngineError):
+            store.repair(user)  # an unreadable index is rebuilt, not waited on
+        return Recalled(UNAVAILABLE)
 
     async def search_memory(user: str, query: str) -> Recalled:
         started = time.monotonic()
@@ -422,15 +520,8 @@ def create_app(settings: Settings) -> Starlette:
             if not query:
                 return Recalled(NOTHING_FOUND)
             found = await recalls.run(lambda: store.recall(user, query))
-        except Exception as exc:  # fail soft: whatever went wrong, the conversation goes on
-            log.warning(
-                "recall failed for user %s: %s", user, describe(exc), extra=user_fields(user)
-            )
-            if isinstance(exc, TimeoutError):  # the same answer; another outcome in /metrics
-                recall_timed_out()
-            if isinstance(exc, EngineError):
-                store.repair(user)  # an unreadable index is rebuilt, not waited on
-            return Recalled(UNAVAILABLE)
+        except Exception as exc:  # fail soft
+            return failed_soft(user, "recall", exc)
         seconds = time.monotonic() - started
         log.info("recall for user %s in %.3fs", user, seconds, extra=user_fields(user, seconds))
         found = found.cut(settings.max_result_chars)

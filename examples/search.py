@@ -1,6 +1,10 @@
-"""Call the recall tool from a terminal, as an agent would: no agent CLI needed.
+"""Call the recall tools from a terminal, as an agent would: no agent CLI needed.
 
 python examples/search.py [--url URL] [--token demo-token-alice] "N-11 upgrade"
+python examples/search.py [--url URL] [--token ...] --read REF [--from-turn N] [--to-turn M]
+
+The first searches (recall_my_conversations); the second reads turns of the conversation a
+passage header names ("ref <ref> turn <n>") whole (read_my_conversation).
 
 Exit status: 0 with the tool's answer on stdout; 1 with a one-line reason on stderr when the
 server cannot be reached or refuses the token.
@@ -13,24 +17,36 @@ import asyncio
 import sys
 import urllib.error
 import urllib.request
+from typing import Any
 
 from fastmcp import Client
 
 
-async def recall(url: str, token: str, query: str) -> str:
+async def call(url: str, token: str, tool: str, arguments: dict[str, Any]) -> str:
     async with Client(f"{url.rstrip('/')}/mcp", auth=token) as client:
-        result = await client.call_tool("recall_my_conversations", {"query": query})
+        result = await client.call_tool(tool, arguments)
         return result.content[0].text  # type: ignore[union-attr]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Search a user's earlier conversations.")
-    parser.add_argument("query")
+    parser.add_argument("query", nargs="?", help="what to search for (not with --read)")
+    parser.add_argument("--read", metavar="REF", help="read the conversation a header names")
+    parser.add_argument("--from-turn", type=int, default=1, help="with --read: the first turn")
+    parser.add_argument("--to-turn", type=int, help="with --read: the last turn (default: on)")
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--token", default="demo-token-alice", help="the user's bearer token")
     args = parser.parse_args()
+    if (args.query is None) == (args.read is None):
+        parser.error("give a query to search for, or --read REF")
+    if args.read is None:
+        tool, arguments = "recall_my_conversations", {"query": args.query}
+    else:
+        tool, arguments = "read_my_conversation", {"ref": args.read, "from_turn": args.from_turn}
+        if args.to_turn is not None:
+            arguments["to_turn"] = args.to_turn
     try:
-        print(asyncio.run(recall(args.url, args.token, args.query)))
+        print(asyncio.run(call(args.url, args.token, tool, arguments)))
     except Exception as exc:  # one line for a person at a terminal, not a traceback
         sys.exit(f"search.py: {reason(exc, args.url, args.token)}")
 

@@ -39,6 +39,8 @@ RECALLED_BLOCK_TYPE = "tool_result"
 RECALLED_TOOL_NAME = "recall_my_conversations"
 
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+REF_CHARS = 12  # a conversation's reference: 48 bits, no two of one user's conversations share one
+REF = re.compile(rf"[0-9a-f]{{{REF_CHARS}}}")
 SAFE_TURN_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # funes refuses ':'; we also keep ids path-safe
 # RFC 3339 with a mandatory offset or Z; fromisoformat alone would accept naive local times.
 RFC3339 = re.compile(
@@ -90,6 +92,19 @@ class Conversation:
 def user_dir_name(user: str) -> str:
     """Directory name for a user: a hash, so no user id ever appears on disk or in logs."""
     return hashlib.sha256(user.encode("utf-8")).hexdigest()[:24]
+
+
+def conversation_ref(user: str, conversation_id: str) -> str:
+    """The reference by which the agent reads one of a user's conversations (``user`` is the
+    user's hash; recall/reading.py): derived, never stored, so the same after a restart and on
+    every replica; it names neither the gateway's id nor a path."""
+    return hashlib.sha256(f"{user}/{conversation_id}".encode()).hexdigest()[:REF_CHARS]
+
+
+def place(user: str, conversation_id: str, seq: int) -> str:
+    """What a passage header ends with: where `read_my_conversation` reads the passage's turn
+    (turns numbered from 1)."""
+    return f"ref {conversation_ref(user, conversation_id)} turn {seq + 1}"
 
 
 def _text(

@@ -10,8 +10,9 @@ URLs, and a gateway's conversation ids may name the user.
 What (docs/CONTRACTS.md, "The memory page"):
 
     GET  /api/me                         {"user"}: who the token names
-    GET  /api/me/conversations           newest first: id, date, first line, number of turns
-    POST /api/me/conversation {"conversation_id"}  every turn: seq, ts, role, text, recalled
+    GET  /api/me/conversations           newest first: id, ref, date, first line, number of turns
+    POST /api/me/conversation {"ref"} (or {"conversation_id"})  every turn: seq, ts, role, text,
+                                         recalled
     POST /api/me/search {"query"}        the tool's answer, word for word, split into passages
     POST /api/me/forget {"conversation_id"}  Lifecycle.forget's receipt
     POST /api/me/erase {"confirm": "erase"}  Lifecycle.erase's receipt
@@ -40,9 +41,10 @@ from starlette.responses import JSONResponse, Response
 
 from recall import audit
 from recall.auth import user_from_token
-from recall.conversations import CONVERSATION_ID, is_recalled
+from recall.conversations import CONVERSATION_ID, conversation_ref, is_recalled
 from recall.engines.base import EngineError, Recalled
 from recall.lifecycle import NotFound
+from recall.reading import find, turn_text
 from recall.store import Store, StoreUnavailable
 from recall.transport import BodyTooLarge, read_limited
 
@@ -105,13 +107,6 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> J
 # --- a user's conversations as the page shows them ------------------------------------------
 
 
-def turn_text(turn: dict[str, Any]) -> str:
-    blocks = turn.get("blocks")
-    if not isinstance(blocks, list):
-        return ""
-    return "\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
-
-
 def page_turns(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One conversation's stored lines as the page shows them."""
     return [
@@ -126,12 +121,14 @@ def page_turns(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def summary(conversation_id: str, turns: list[dict[str, Any]]) -> dict[str, Any]:
-    """A conversation in the list: its id, dates, first line and number of turns."""
+def summary(user: str, conversation_id: str, turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """A conversation in the list: its id and reference (by which the page opens it, as the
+    agent's read tool does), dates, first line and number of turns."""
     first_text = next((t["text"] for t in turns if t["text"].strip()), "")
     first_line = first_text.strip().splitlines()[0] if first_text.strip() else ""
     return {
         "conversation_id": conversation_id,
+        "ref": conversation_ref(user, conversation_id),
         "date": turns[0]["ts"],
         "last": turns[-1]["ts"],
         "first_line": first_line[:FIRST_LINE_CHARS],
@@ -142,7 +139,7 @@ def summary(conversation_id: str, turns: list[dict[str, Any]]) -> dict[str, Any]
 async def list_conversations(store: Store, user: str) -> list[dict[str, Any]]:
     """Every readable conversation, newest first (by its first turn), with its first line."""
     found = [
-        summary(conversation_id, page_turns(lines))
+        summary(user, conversation_id, page_turns(lines))
         for conversation_id, lines in (await store.conversations(user)).items()
         if lines
     ]
@@ -181,13 +178,19 @@ def reference(hit: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def linked(hit: dict[str, Any], places: dict[tuple[str, str], int]) -> dict[str, Any]:
+def linked(user: str, hit: dict[str, Any], places: dict[tuple[str, str], int]) -> dict[str, Any]:
     """A served passage with the turn it leads to (none when it is no longer stored, or names
-    none)."""
+    none): its conversation and seq, and the reference and turn number the passage header shows
+    the agent, by which the page opens it."""
     where = reference(hit)
     seq = places.get(where) if where else None
-    turns = [] if where is None or seq is None else [{"conversation_id": where[0], "seq": seq}]
-    return {**hit, "turns": turns}
+    if where is None or seq is None:
+        return {**hit, "turns": []}
+    ref = conversation_ref(user, where[0])
+    return {
+        **hit,
+        "turns": [{"conversation_id": where[0], "seq": seq, "ref": ref, "turn": seq + 1}],
+    }
 
 
 # --- the routes --------------------------------------------------------------------------------
@@ -264,14 +267,31 @@ class MemoryApi:
         return answer({"conversations": found})
 
     async def conversation(self, request: Request, user: str) -> Response:
-        conversation_id = checked_id((await json_body(request)).get("conversation_id"))
+        """One conversation, by its reference (the page's links, as the agent reads it) or by
+        its id."""
+        body = await json_body(request)
+        field = "ref" if "ref" in body else "conversation_id"
         try:
-            lines = await self.store.turns(user, conversation_id)
+            if field == "ref":
+                if not isinstance(ref := body["ref"], str):
+                    raise BadRequest("ref: must be a string")
+                found = await find(self.store, user, ref)
+            else:
+                conversation_id = checked_id(body.get("conversation_id"))
+                lines = await self.store.turns(user, conversation_id)
+                found = None if lines is None else (conversation_id, lines)
         except (OSError, ValueError):
-            return error(503, "conversation_id: stored but not readable right now")
-        if lines is None:
-            return error(404, "conversation_id: no such conversation (or it was forgotten)")
-        return answer({"conversation_id": conversation_id, "turns": page_turns(lines)})
+            return error(503, f"{field}: stored but not readable right now")
+        if found is None:
+            return error(404, f"{field}: no such conversation (or it was forgotten)")
+        conversation_id, lines = found
+        return answer(
+            {
+                "conversation_id": conversation_id,
+                "ref": conversation_ref(user, conversation_id),
+                "turns": page_turns(lines),
+            }
+        )
 
     async def search_memory(self, request: Request, user: str) -> Response:
         body = await json_body(request)
@@ -284,6 +304,7 @@ class MemoryApi:
         places = await turn_places(self.store, user, wanted)
         found = [
             linked(
+                user,
                 {
                     "text": recalled.text[p.start : p.end].rstrip("\n").removesuffix("\n---"),
                     **audit.served(p),
@@ -320,7 +341,7 @@ class MemoryApi:
         wanted = [where for hit in served if (where := reference(hit))]
         places = await turn_places(self.store, user, wanted)
         for entry in entries:
-            entry["served"] = [linked(hit, places) for hit in entry.get("served", [])]
+            entry["served"] = [linked(user, hit, places) for hit in entry.get("served", [])]
         return answer({"entries": entries, "next": more})
 
 

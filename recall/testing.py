@@ -188,6 +188,12 @@ class LocalServer:
             result = await client.call_tool("recall_my_conversations", {"query": query})
             return result.content[0].text  # type: ignore[union-attr]
 
+    async def read(self, user: str, **arguments: Any) -> str:
+        """One call of the read tool (ref, from_turn, to_turn) in its own MCP session."""
+        async with Client(f"{self.url}/mcp", auth=self.tokens[user]) as client:
+            result = await client.call_tool("read_my_conversation", arguments)
+            return result.content[0].text  # type: ignore[union-attr]
+
     def home(self, user: str) -> Path:
         return self.data_dir / user_dir_name(user)
 

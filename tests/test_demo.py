@@ -4,6 +4,7 @@ an agent sends. Each of the demo's five questions finds its facts; bob's chat st
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -111,3 +112,29 @@ async def test_bob_finds_nothing_of_alices_chats(demo: Server) -> None:
     for answer in await ask(demo, "bob", "N-11 upgrade", "MT-4471 K-2", "forecast base case"):
         for alices in ("N-11", "MT-4471", "K-2", "hyperbolic", "Priya"):
             assert alices not in answer
+
+
+F204_ERROR = (
+    "ERROR recon.load: gap in data feed F-204: 15 of 96 intervals missing for the settlement "
+    "window; refusing to reconcile with partial input; aborting run (exit 3)"
+)
+
+
+async def test_the_f204_error_cut_in_the_previews_is_read_whole_in_one_call(demo: Server) -> None:
+    # given the search the README shows: the error line only as a preview, cut short
+    [answer] = await ask(demo, "alice", "nightly jobs health check")
+    assert F204_ERROR not in answer
+    block = next(b for b in answer.split("---\n") if "ERROR recon.load: gap in data feed" in b)
+    header = re.match(r"\[2026-10-01 \d\d:\d\d UTC\] \w+ · ref ([0-9a-f]{12}) turn \d+\n", block)
+    assert header, block
+    # when the agent reads the turn that holds it by the passage header's ref
+    read = await demo.read("alice", ref=header[1], from_turn=3, to_turn=3)
+    # then the error comes whole, dated, in one call, and the last line says what is left
+    assert read == (
+        "[2026-10-01 07:47 UTC] user · turn 3\n"
+        f"From the 09-30 log:\n{F204_ERROR}\n"
+        "The 09-26 log has the same error, 8 of 96 intervals missing.\n"
+        "---\n"
+        f'Shown: turn 3 of 10. Read on with read_my_conversation(ref="{header[1]}", '
+        "from_turn=4).\n"
+    )

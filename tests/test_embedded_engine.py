@@ -368,7 +368,7 @@ async def test_hits_come_with_the_turns_before_and_after(
     first = hits((await engine.recall(memory, "N-11")).text)[0]
     # Then it has a dated header and the turns on either side, marked as neighbours
     lines = first.splitlines()
-    assert lines[0] == "[2026-02-20 15:01 UTC] assistant"
+    assert lines[0].startswith("[2026-02-20 15:01 UTC] assistant · ref ")
     assert lines[1].startswith("It is N-11 in the wiki")
     assert "  ~ before (user): Where is the runbook for the billing database migration?" in lines
     assert "  ~ after (user): And the rollback plan?" in lines

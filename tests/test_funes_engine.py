@@ -10,7 +10,13 @@ import psutil
 import pytest
 from conftest import FakeFunes, Server, conversation, make_server, turn, wait_for
 
-from recall.conversations import SOURCE_SUFFIX, parse_conversation, write_conversation
+from recall.conversations import (
+    SOURCE_SUFFIX,
+    conversation_ref,
+    parse_conversation,
+    user_dir_name,
+    write_conversation,
+)
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
 from recall.engines.funes import FunesEngine, parse_hits, render_hits
 
@@ -75,6 +81,22 @@ async def test_hint_lines_are_removed_and_passages_kept(
     assert str(funes_server.data_dir) not in answer
 
 
+async def test_funes_headers_end_with_the_ref_and_turn_the_read_tool_reads_whole(
+    funes_server: Server, fake_funes: FakeFunes
+) -> None:
+    # given alice's handover, indexed by funes
+    seed_alice(funes_server)
+    # when her agent searches it
+    answer = await funes_server.recall("alice", "Priya integrations follow-up")
+    # then funes' header comes through as funes prints it, with the turn's place added at its end
+    ref = conversation_ref(user_dir_name("alice"), "handover")
+    header = answer.splitlines()[0]  # the best hit's: the turn that names all three words
+    assert header.endswith(f"score=0.500 · ref {ref} turn 4"), answer
+    # and that place reads the turn whole
+    read = await funes_server.read("alice", ref=ref, from_turn=4, to_turn=4)
+    assert "Priya owns the follow-up with the integrations team.\n---\n" in read
+
+
 def test_funes_hits_are_read_by_their_header_and_hint_lines_whatever_a_turn_holds() -> None:
     # Given funes output whose first turn holds a Markdown rule ("---") and a line shaped like
     # a header, and a second hit cut short by the output cap (no closing ---)
@@ -90,13 +112,20 @@ def test_funes_hits_are_read_by_their_header_and_hint_lines_whatever_a_turn_hold
     )
     # When it is read
     hits = parse_hits(out)
-    recalled = render_hits(hits)
+    recalled = render_hits(
+        hits, "0123456789abcdef01234567", {("conv-one", "t1"): 0, ("conv-two", "t7"): 6}
+    )
     # Then there are two hits, each whole, named by the full session and turn of its hint line
     assert [(h.session, h.turn, h.ts) for h in hits] == [
         ("conv-one", "t1", "2026-10-08T09:00:00Z"),
         ("conv-two", "t7", "2026-10-09T09:00:00Z"),
     ]
     first = recalled.text[recalled.passages[0].start : recalled.passages[0].end]
+    # each header as funes printed it, with where the read tool finds the turn at its end
+    assert first.startswith(
+        "[2026-10-08T09:00:00Z] gateway /work/conv-one text  score=0.500 · ref "
+        f"{conversation_ref('0123456789abcdef01234567', 'conv-one')} turn 1\nPart one\n"
+    )
     assert "Part one\n---\n[2031-05-05T05:05:05Z]" in first and "the question" in first
     # and no hint line (a path, a session id) reaches the agent, while the turn's words do
     assert "→ get conv" not in recalled.text and "/srv/data" not in recalled.text

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, Backing, Server, conversation, make_server, wait_for
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 
-from recall.conversations import user_dir_name
+from recall.conversations import conversation_ref, user_dir_name
 from recall.engines.base import NO_MEMORY
 
 STATIC = ROOT / "recall" / "static"
@@ -139,11 +139,40 @@ def test_each_user_reaches_only_their_own_conversation_under_an_id_both_use(
         assert own in found["answer"] and other not in found["answer"]
 
 
+def leads_to(user: str, conversation_id: str, seq: int) -> dict[str, Any]:
+    """Where a passage's link leads: its conversation and seq, and the reference and turn number
+    its header shows the agent, by which the page opens it."""
+    ref = conversation_ref(user_dir_name(user), conversation_id)
+    return {"conversation_id": conversation_id, "seq": seq, "ref": ref, "turn": seq + 1}
+
+
+async def test_the_page_opens_a_passage_by_the_ref_and_turn_its_header_shows_the_agent(
+    server: Server,
+) -> None:
+    # given a passage the agent's tool and the page's search both show
+    answer = await server.recall("alice", "MT-4471 owner")
+    found = as_user(server, "alice", "POST", "/api/me/search", {"query": "MT-4471 owner"})
+    passage = found["passages"][0]
+    [where] = passage["turns"]
+    # then its link names the reference and turn its header shows, the agent's read tool's
+    assert f"ref {where['ref']} turn {where['turn']}" in passage["text"].splitlines()[0]
+    assert passage["text"] in answer
+    # and the page opens the conversation by that reference, as by its id
+    by_ref = as_user(server, "alice", "POST", "/api/me/conversation", {"ref": where["ref"]})
+    by_id = {"conversation_id": where["conversation_id"]}
+    assert by_ref == as_user(server, "alice", "POST", "/api/me/conversation", by_id)
+    # while bob, given alice's reference, meets the answer of a reference that names nothing
+    bobs = call(server, "POST", "/api/me/conversation", {"ref": where["ref"]}, server.tokens["bob"])
+    none = call(server, "POST", "/api/me/conversation", {"ref": "0" * 12}, server.tokens["bob"])
+    assert bobs[0] == none[0] == 404 and bobs[2] == none[2]
+
+
 def test_the_list_is_newest_first_with_date_first_line_and_turns(server: Server) -> None:
     listed = as_user(server, "alice", "GET", "/api/me/conversations")["conversations"]
     assert [c["conversation_id"] for c in listed][:2] == ["pallet-plan", "weekly-sync"]
     assert listed[1] == {
         "conversation_id": "weekly-sync",
+        "ref": conversation_ref(user_dir_name("alice"), "weekly-sync"),
         "date": "2026-10-08T09:00:00Z",
         "last": "2026-10-08T09:01:00Z",
         "first_line": "Who owns ticket MT-4471 for the K-2 compressor?",
@@ -157,6 +186,7 @@ def test_one_conversation_comes_whole_turn_by_turn_with_dates_and_speakers(
     one = as_user(server, "alice", "POST", "/api/me/conversation", WEEKLY_SYNC)
     assert one == {
         "conversation_id": "weekly-sync",
+        "ref": conversation_ref(user_dir_name("alice"), "weekly-sync"),
         "turns": [
             {
                 "seq": 0,
@@ -191,9 +221,12 @@ async def test_search_answers_exactly_what_the_agents_tool_answers_with_links(
     assert len(found["passages"]) == tool_answer.count("\n---")
     for passage in found["passages"]:
         assert passage["text"] in tool_answer
-        assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d UTC\] (user|assistant)\n", passage["text"])
+        assert re.match(
+            r"\[\d{4}-\d\d-\d\d \d\d:\d\d UTC\] (user|assistant) · ref ", passage["text"]
+        )
     linked = [turn for passage in found["passages"] for turn in passage["turns"]]
-    assert any(turn in linked for turn in ({**WEEKLY_SYNC, "seq": 0}, {**WEEKLY_SYNC, "seq": 1}))
+    sync = "weekly-sync"
+    assert any(turn in linked for turn in (leads_to("alice", sync, 0), leads_to("alice", sync, 1)))
 
 
 def test_a_search_with_no_memory_gives_the_tools_fail_soft_answer(
@@ -222,7 +255,7 @@ async def test_with_funes_the_passages_and_the_audit_lead_to_their_turns_by_exac
     )
     expected = {"2026-10-08T09:00:00Z": 0, "2026-10-08T09:01:00Z": 1}
     for place in [*found["passages"], *entries[0]["served"]]:
-        assert place["turns"] == [{"conversation_id": "weekly-sync", "seq": expected[place["ts"]]}]
+        assert place["turns"] == [leads_to("alice", "weekly-sync", expected[place["ts"]])]
 
 
 # --- forget and erase reach the agent's tool --------------------------------------------------
@@ -303,7 +336,7 @@ async def test_the_audit_shows_the_agents_recall_newest_first_with_links_to_the_
     assert latest["client"] is None  # a demo token names no app (a JWT's azp or client_id)
     assert latest["outcome"] == "passages" and re.fullmatch(r"\d{4}-.+Z", latest["at"])
     linked = [turn for hit in latest["served"] for turn in hit["turns"]]
-    assert {"conversation_id": "weekly-sync", "seq": 1} in linked
+    assert leads_to("alice", "weekly-sync", 1) in linked
     # and bob's audit holds none of alice's searches
     bobs = as_user(server, "bob", "GET", "/api/me/audit")["entries"]
     assert all("MT-4471" not in entry["query"] for entry in bobs)
@@ -559,10 +592,10 @@ async def test_a_served_passage_links_to_its_own_turn_not_every_turn_of_that_min
     latest = as_user(dana, "dana", "GET", "/api/me/audit?limit=1")["entries"][0]
     assert latest["query"] == "zebracrossing survey"
     hit = next(h for h in latest["served"] if h["conversation_id"] == "north")
-    assert hit["turns"] == [{"conversation_id": "north", "seq": 0}]
+    assert hit["turns"] == [leads_to("dana", "north", 0)]
     found = as_user(dana, "dana", "POST", "/api/me/search", {"query": "zebracrossing survey"})
     north = [p for p in found["passages"] if "zebracrossing" in p["text"]]
-    assert north and all(p["turns"] == [{"conversation_id": "north", "seq": 0}] for p in north)
+    assert north and all(p["turns"] == [leads_to("dana", "north", 0)] for p in north)
 
 
 async def test_text_shaped_like_a_passage_header_adds_no_passage_to_the_audit_or_the_page(

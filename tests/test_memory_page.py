@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import Server, turn
 
+from recall.conversations import conversation_ref, user_dir_name
 from recall.demo import CHROMIUM, CHROMIUM_ARGS, seeded_demo
 
 pytestmark = pytest.mark.skipif(
@@ -23,6 +24,7 @@ playwright_api = pytest.importorskip("playwright.async_api", reason="the test ex
 Page = playwright_api.Page
 
 UNIT_RATIOS = "alice-2026-10-12-unit-ratios"
+CAPACITY_CHECK = "alice-2026-10-08-capacity-check"
 MARKUP = '<script>window.pwned = "script"</script> and <img src=x onerror="window.pwned = 1">'
 MARKUP_CHAT = {
     "user": "alice",
@@ -102,7 +104,8 @@ async def test_alice_finds_the_decision_reads_the_chat_and_forgets_the_unit_rati
     await results.get_by_text("Decision: we go ahead with the N-11 upgrade").first.wait_for()
     marked = {text.lower() for text in await results.locator("mark").all_inner_texts()}
     assert {"n-11", "decision"} <= marked
-    assert "[2026-10-08 09:20 UTC] user" in await results.inner_text()
+    capacity = conversation_ref(user_dir_name("alice"), CAPACITY_CHECK)
+    assert f"[2026-10-08 09:20 UTC] user · ref {capacity} turn 5" in await results.inner_text()
 
     # she opens the capacity check from its passage and reads it whole, dated, by speaker
     await results.get_by_role("link", name="Open the conversation").first.click()
@@ -113,8 +116,11 @@ async def test_alice_finds_the_decision_reads_the_chat_and_forgets_the_unit_rati
         "Capacity check for the N-11 upgrade proposal. N-11 is the North filler; after the "
         "upgrade it sends about 245 units/d mo…"
     )
+    # at the passage's turn, addressed as the agent's read tool addresses it: no gateway id
+    assert page.url.endswith(f"#conversation/{capacity}/5")
+    assert await page.locator("#turn-list > li.target").get_attribute("id") == "turn-5"
     fifth = await turns.nth(4).inner_text()
-    assert fifth.startswith("You · 2026-10-08 09:20 UTC")
+    assert fifth.startswith("You · 2026-10-08 09:20 UTC · turn 5")
     assert "Decision: we go ahead with the N-11 upgrade proposal." in fifth
 
     # she opens the unit-ratio chat; cancelling the confirmation forgets nothing
@@ -141,7 +147,8 @@ async def test_alice_finds_the_decision_reads_the_chat_and_forgets_the_unit_rati
     # then her agent's tool no longer returns it, and the page says it is gone
     answer = await demo.recall("alice", "truck pallets")
     assert "26 pallets" not in answer and "[2026-10-12" not in answer
-    await page.goto(f"{demo.url}/memory#conversation/{UNIT_RATIOS}")
+    forgotten = conversation_ref(user_dir_name("alice"), UNIT_RATIOS)
+    await page.goto(f"{demo.url}/memory#conversation/{forgotten}")
     await page.get_by_text(
         "That conversation is not stored (it may have been forgotten)."
     ).wait_for()
@@ -158,8 +165,9 @@ async def test_bobs_token_shows_only_bobs_chat(demo: Server, page: Page) -> None
     await page.get_by_role("button", name="Search", exact=True).click()
     await page.locator("#status").get_by_text("found", exact=False).wait_for()
     assert "N-11" not in await page.locator("#search-results").inner_text()
-    # nor does an address naming alice's conversation id
-    await page.goto(f"{demo.url}/memory#conversation/alice-2026-10-08-capacity-check")
+    # nor does an address naming alice's conversation's reference
+    alices = conversation_ref(user_dir_name("alice"), CAPACITY_CHECK)
+    await page.goto(f"{demo.url}/memory#conversation/{alices}")
     await page.get_by_text("That conversation is not stored").wait_for()
     assert "N-11" not in await page.locator("main").inner_text()
 

@@ -320,7 +320,7 @@ async def test_postgres_applies_recency_as_the_embedded_engine_does(
 ) -> None:
     # Given a small history in both stores, and both searching with recency on
     bodies = [body("alice", cid, start, turns) for cid, (start, turns) in CORPUS.items()]
-    home = tmp_path / "home"
+    home = tmp_path / user_dir_name("alice")  # named as the files store names it: same refs
     for one in bodies:
         write_conversation(home, parse_conversation(one))
     await EmbeddedEngine(embedder).index(home)

@@ -36,6 +36,11 @@ README = ROOT / "README.md"
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q ."
 BIN = Path(sys.executable).parent
 N11_DECISION = "go ahead with the N-11 upgrade"  # from alice's 2026-10-08 capacity check
+F204_REF = "a0f0ef5bcc97"  # alice's 2026-10-01 nightly-jobs chat, as the README names it
+F204_ERROR = (
+    "ERROR recon.load: gap in data feed F-204: 15 of 96 intervals missing for the settlement "
+    "window; refusing to reconcile with partial input; aborting run (exit 3)"
+)
 BLOCK_TIMEOUT = 400.0  # seconds for a block: seeding and a first index run on a loaded machine
 
 
@@ -124,15 +129,23 @@ def run_to_the_end(script: str, cwd: Path, port: int) -> tuple[str, str]:
 def test_the_demo_block_pasted_whole_finds_the_n11_decision_and_its_stop_line_stops_it(
     tmp_path: Path,
 ) -> None:
-    # given the demo's block and its stop block, pasted into one shell
-    demo, stop = sh_blocks(section("Try the demo"))
+    # given the demo's block, the block that reads a hit whole, and the stop block, pasted
+    # into one shell
+    demo, read, stop = sh_blocks(section("Try the demo"))
     port = free_port()
     cwd = scratch(tmp_path)
     # when it runs
-    out, err = run_to_the_end(runnable(demo + stop, port), cwd, port)
+    out, err = run_to_the_end(runnable(demo + read + stop, port), cwd, port)
     log = (cwd / "recall-server.log").read_text()
     # then the search right after seeding finds alice's decision, and no step failed
     assert N11_DECISION in out, f"stdout:\n{out}\nstderr:\n{err}\nserver log:\n{log[-3000:]}"
+    # and the search shows the F-204 error line cut, under the header with the README's ref,
+    # and one read by that ref shows it whole
+    searched, read_out = out.split("[2026-10-01 07:47 UTC] user · turn 3\n")
+    assert f"ref {F204_REF} turn 1\n" in searched
+    assert "ERROR recon.load: gap in data feed F-204" in searched and F204_ERROR not in searched
+    assert read_out.startswith(f"From the 09-30 log:\n{F204_ERROR}\n")
+    assert "Shown: turn 3 of 10. Read on with" in out
     assert "Traceback" not in err + log
     assert "indexed" in out  # the seeder waited for the index, not for luck
     # and the stop line stopped the background server

@@ -11,6 +11,8 @@ from recall.engines.embedded.search import Hit
 from recall.engines.embedded.store import Neighbour
 from recall.engines.embedded.text import Query
 
+USER = "0123456789abcdef01234567"  # a user's hash, as the store keys them
+REF = "ref 3703f5ddfa38"  # of USER's conversation c7f3a-mobile-login: pinned, refs must not move
 FILLER = "The quarterly report covers revenue, churn and hiring in every region. "
 
 
@@ -43,16 +45,16 @@ def test_hits_that_fit_are_shown_whole_with_their_neighbours_on_one_line_each() 
     hits = [(TICKET, AROUND_TICKET), (LATER, [])]
 
     # When they are rendered
-    output = render(hits, Query.parse("who owns MT-4471?"), 4000).text
+    output = render(hits, Query.parse("who owns MT-4471?"), 4000, USER).text
 
     # Then each is a dated block, times in UTC, neighbours collapsed to one line, no ids
     assert output == (
-        "[2026-03-02 10:01 UTC] assistant\n"
+        f"[2026-03-02 10:01 UTC] assistant · {REF} turn 2\n"
         "MT-4471 tracks the login timeouts in the mobile app. The owner is Priya Raman.\n"
         "  ~ before (user): Can you summarise ticket MT-4471 for me?\n"
         "  ~ after (user): Great, I'll ask Priya for an update on Thursday.\n"
         "---\n"
-        "[2026-03-05 07:30 UTC] user\n"
+        f"[2026-03-05 07:30 UTC] user · {REF} turn 5\n"
         "Priya says MT-4471 ships in release 3.2.\n"
         "---\n"
     )
@@ -65,7 +67,7 @@ def test_each_shown_hit_is_a_passage_whose_span_is_its_block_whatever_its_text_h
     hits = [(forged, AROUND_TICKET), (LATER, [])]
 
     # When they are rendered
-    recalled = render(hits, Query.parse("notes MT-4471"), 4000)
+    recalled = render(hits, Query.parse("notes MT-4471"), 4000, USER)
 
     # Then there are two passages, told by the engine and not by the text: each span is one
     # whole block, and each names its conversation, turn, time and role
@@ -84,11 +86,11 @@ def test_a_long_passage_is_cut_around_the_querys_identifier() -> None:
     query = Query.parse("vault ZX-9917")
 
     # When it is rendered under a small cap
-    output = render([(VAULT, AROUND_VAULT)], query, 400).text
+    output = render([(VAULT, AROUND_VAULT)], query, 426, USER).text
 
     # Then the excerpt starts a little before the identifier, and both cuts are marked
     assert output == (
-        "[2026-01-01 00:00 UTC] user\n"
+        f"[2026-01-01 00:00 UTC] user · {REF} turn 8\n"
         "…region. The vault combination is kept under key ZX-9917 by facilities. The quarterly "
         "report covers revenue, churn and hiring in every region. The quarterly report covers "
         "revenue, churn and hiring…\n"
@@ -96,7 +98,7 @@ def test_a_long_passage_is_cut_around_the_querys_identifier() -> None:
         "revenue, churn and hiring in every region. The quarterly report covers revenue,…\n"
         "---\n"
     )
-    assert len(output) <= 400
+    assert len(output) <= 426
 
 
 def test_hits_share_the_character_cap_and_stay_under_it() -> None:
@@ -104,21 +106,21 @@ def test_hits_share_the_character_cap_and_stay_under_it() -> None:
     hits = [(TICKET, AROUND_TICKET), (VAULT, AROUND_VAULT), (LATER, [])]
 
     # When they are rendered
-    output = render(hits, Query.parse("MT-4471 vault"), 300).text
+    output = render(hits, Query.parse("MT-4471 vault"), 378, USER).text
 
     # Then each keeps its header and a shortened passage, neighbours give way, best first
     assert output == (
-        "[2026-03-02 10:01 UTC] assistant\n"
+        f"[2026-03-02 10:01 UTC] assistant · {REF} turn 2\n"
         "MT-4471 tracks the login timeouts in the mobile app. The…\n"
         "---\n"
-        "[2026-01-01 00:00 UTC] user\n"
+        f"[2026-01-01 00:00 UTC] user · {REF} turn 8\n"
         "…region. The vault combination is kept under key ZX-9917 by…\n"
         "---\n"
-        "[2026-03-05 07:30 UTC] user\n"
+        f"[2026-03-05 07:30 UTC] user · {REF} turn 5\n"
         "Priya says MT-4471 ships in release 3.2.\n"
         "---\n"
     )
-    assert len(output) <= 300
+    assert len(output) <= 378
 
 
 def test_turns_further_away_follow_in_order_and_give_way_first_when_room_is_short() -> None:
@@ -133,8 +135,8 @@ def test_turns_further_away_follow_in_order_and_give_way_first_when_room_is_shor
     ]
 
     # When there is room for everything, and then for little more than the adjacent turns
-    roomy = render([(TICKET, around)], Query.parse("MT-4471 owner"), 4000).text
-    tight = render([(TICKET, around)], Query.parse("MT-4471 owner"), 330).text
+    roomy = render([(TICKET, around)], Query.parse("MT-4471 owner"), 4000, USER).text
+    tight = render([(TICKET, around)], Query.parse("MT-4471 owner"), 356, USER).text
 
     # Then all four follow in conversation order; under the small cap the adjacent turns stay
     # whole and the far ones give way
@@ -144,4 +146,4 @@ def test_turns_further_away_follow_in_order_and_give_way_first_when_room_is_shor
     assert f"  ~ before (assistant): {near_before}\n" in tight
     assert f"  ~ after (user): {near_after}\n" in tight
     assert "Morning!" not in tight and "Anytime." not in tight
-    assert len(tight) <= 330
+    assert len(tight) <= 356

@@ -21,8 +21,9 @@ import pytest
 from conftest import Server, conversation, make_server, turn, wait_for
 from pg import PgDatabase, PgServer
 
-from recall.conversations import user_dir_name
+from recall.conversations import conversation_ref, user_dir_name
 from recall.engines.base import NOTHING_FOUND, UNAVAILABLE
+from recall.reading import NOT_FOUND
 
 USERS = ("alice", "bob")
 
@@ -83,6 +84,21 @@ async def test_a_forget_on_one_replica_is_honoured_by_the_other_at_once(
     assert first.stored_turns("alice", "vault") is None
     assert "marigoldvector" in await first.recall("alice", "garden plan marigoldvector")
     assert first.post(secret)[0] == 410  # its tombstone holds on both
+
+
+async def test_a_forget_on_one_replica_leaves_the_conversation_unreadable_on_the_other(
+    replicas: tuple[Server, Server],
+) -> None:
+    first, second = replicas
+    assert first.post(conversation("alice", "vault", "The vault code is zephyrquartz."))[0] == 202
+    ref = conversation_ref(user_dir_name("alice"), "vault")
+    # both replicas read it by the same reference, with nothing shared but the database
+    assert "zephyrquartz" in await first.read("alice", ref=ref)
+    assert "zephyrquartz" in await second.read("alice", ref=ref)
+    # when one forgets it, the very next read on the other finds nothing
+    status, _ = second.post({"user": "alice", "conversation_id": "vault"}, route="/forget")
+    assert status == 200
+    assert await first.read("alice", ref=ref) == NOT_FOUND
 
 
 def test_the_same_conversation_posted_to_both_at_once_ends_whole(

@@ -11,6 +11,8 @@ import pytest
 from conftest import Backing, Server, conversation, make_server
 from fastmcp import Client
 
+from recall.conversations import conversation_ref, user_dir_name
+
 
 @pytest.fixture
 def server(tmp_path: Path, backing: Backing) -> Iterator[Server]:
@@ -43,8 +45,11 @@ async def test_tools_list_describes_the_query_and_marks_the_tool_read_only_and_c
     # when a client lists the tools
     async with Client(f"{server.url}/mcp", auth=server.tokens["alice"]) as client:
         listed = await client.list_tools_mcp()
-    [tool] = listed.model_dump(by_alias=True, exclude_none=True)["tools"]
-    # then the query says what a good one looks like and its limit
+    tools = {t["name"]: t for t in listed.model_dump(by_alias=True, exclude_none=True)["tools"]}
+    assert set(tools) == {"recall_my_conversations", "read_my_conversation"}
+    tool = tools["recall_my_conversations"]
+    # then the query is its one argument, and says says what a good one looks like and its limit
+    assert list(tool["inputSchema"]["properties"]) == ["query"]
     query = tool["inputSchema"]["properties"]["query"]
     assert "identifiers" in query["description"] and "500 characters" in query["description"]
     # and the tool is annotated as a read-only search of a closed world, with a title
@@ -57,3 +62,50 @@ async def test_tools_list_describes_the_query_and_marks_the_tool_read_only_and_c
     }
     assert tool["title"] == "Search my earlier conversations"
     assert "outputSchema" not in tool  # no schema: nothing obliges a structured copy
+
+
+async def test_tools_list_says_when_to_read_a_hit_whole_and_marks_the_reader_read_only(
+    server: Server,
+) -> None:
+    # when a client lists the tools
+    async with Client(f"{server.url}/mcp", auth=server.tokens["alice"]) as client:
+        listed = await client.list_tools_mcp()
+    tools = {t["name"]: t for t in listed.model_dump(by_alias=True, exclude_none=True)["tools"]}
+    search, reader = tools["recall_my_conversations"], tools["read_my_conversation"]
+    # then the search points at the reader for what it cuts, and the reader back at the search
+    assert "read_my_conversation" in search["description"]
+    assert "ref <ref> turn <n>" in search["description"]
+    assert "recall_my_conversations" in reader["description"]
+    assert "does not" in reader["description"] and "search" in reader["description"]
+    # and the reader takes a reference and a range of turns, only the reference required
+    schema = reader["inputSchema"]
+    assert list(schema["properties"]) == ["ref", "from_turn", "to_turn"]
+    assert schema["required"] == ["ref"]
+    assert "numbered from 1" in schema["properties"]["from_turn"]["description"]
+    # and is, like the search, read-only over a closed world, with no output schema
+    assert reader["annotations"] == {
+        "title": "Read one of my earlier conversations",
+        "readOnlyHint": True,
+        "destructiveHint": False,
+        "idempotentHint": True,
+        "openWorldHint": False,
+    }
+    assert "outputSchema" not in reader
+
+
+async def test_a_read_reaches_the_client_once_as_text_with_no_structured_copy(
+    server: Server,
+) -> None:
+    # given alice's memory holding one conversation
+    body = conversation("alice", "c1", "ticket MT-4471 is open on the K-2 compressor", "Noted.")
+    assert server.post(body)[0] == 202
+    server.wait_indexed("alice")
+    ref = conversation_ref(user_dir_name("alice"), "c1")
+    # when her agent reads it
+    async with Client(f"{server.url}/mcp", auth=server.tokens["alice"]) as client:
+        result = await client.call_tool_mcp("read_my_conversation", {"ref": ref})
+    # then it is one text block, sent once
+    wire = json.dumps(result.model_dump(by_alias=True, exclude_none=True))
+    assert result.structured_content is None
+    assert [block.type for block in result.content] == ["text"]
+    assert wire.count("MT-4471 is open on the K-2 compressor") == 1

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recall.concurrency import kill_group
-from recall.conversations import RECALLED_BLOCK_TYPE
+from recall.conversations import (
+    CONVERSATION_ID,
+    RECALLED_BLOCK_TYPE,
+    SOURCE_SUFFIX,
+    place,
+    read_source,
+)
 from recall.engines.base import EngineError, ForgetWindows, Passage, Recalled
 
 log = logging.getLogger("recall.funes")
@@ -208,13 +214,18 @@ class FunesEngine:
         if result.code != 0:
             raise EngineError(f"funes recall exited {result.code}: {failure_kind(result.stderr)}")
         hidden = self._forgetting.hidden(home, started)
-        return render_hits(
+        hits = [
             hit
             for hit in parse_hits(result.stdout)
             # A forget under way (its rows may still be in the memory we read), or a turn
             # answered from recall: funes knows nothing of either and ranks them like any other,
             # so a recall may come back with fewer than k hits, or none.
             if hit.session not in hidden and not hit.block_type.startswith(RECALLED_BLOCK_TYPE)
+        ]
+        seqs = await asyncio.to_thread(turn_seqs, home, hits)
+        # A hit whose turn is no longer in its source was forgotten since funes read it.
+        return render_hits(
+            (hit for hit in hits if (hit.session, hit.turn) in seqs), home.name, seqs
         )
 
     async def forget(self, home: Path, conversation_id: str) -> None:
@@ -281,14 +292,36 @@ def parse_hits(stdout: str) -> list[FunesHit]:
     return hits
 
 
-def render_hits(hits: Iterable[FunesHit]) -> Recalled:
+def turn_seqs(home: Path, hits: Iterable[FunesHit]) -> dict[tuple[str, str], int]:
+    """The stored seq of each hit's turn, by (session, turn), read from the user's sources
+    (funes prints none for the hit itself); a turn no longer stored has none."""
+    seqs: dict[tuple[str, str], int] = {}
+    for session in {hit.session for hit in hits}:
+        if not CONVERSATION_ID.fullmatch(session):  # it names a file: only a safe id
+            continue
+        try:
+            lines = read_source(home / "src" / f"{session}{SOURCE_SUFFIX}")
+        except (OSError, ValueError):  # forgotten since, or unreadable: no place to point at
+            continue
+        for index, line in enumerate(lines):
+            if isinstance(line, dict) and isinstance(line.get("turn_uuid"), str):
+                seqs[(session, line["turn_uuid"])] = int(line.get("seq", index))
+    return seqs
+
+
+def render_hits(hits: Iterable[FunesHit], user: str, seqs: dict[tuple[str, str], int]) -> Recalled:
     """The hits as the agent reads them, each closed by ``---``, and where each comes from. A
-    turn answered from recall shown as a neighbour is labelled ``recalled``."""
+    turn answered from recall shown as a neighbour is labelled ``recalled``. funes' header is
+    passed on as it prints it, with where `read_my_conversation` reads the turn added at its
+    end (the reference of ``user``'s conversation, and the turn's number, from ``seqs``)."""
     text = ""
     passages = []
     for hit in hits:
+        header, *rest = hit.lines
+        where = place(user, hit.session, seqs[(hit.session, hit.turn)])
         block = "".join(
-            RECALLED_NEIGHBOUR.sub(r"\g<lead>recalled", line) + "\n" for line in hit.lines
+            RECALLED_NEIGHBOUR.sub(r"\g<lead>recalled", line) + "\n"
+            for line in (f"{header} · {where}", *rest)
         )
         block += HIT_END + "\n"
         passages.append(

@@ -148,7 +148,7 @@ class PgSearch:
         for _ in range(MAX_TRIES):
             forgets, found = await self._search(user_hash, query, qvec, stems)
             if await self._forgets(user_hash) == forgets:
-                return render(found, query, self.max_chars)
+                return render(found, query, self.max_chars, user_hash)
         raise RecallRaced("recall overlapped a forget on every try")
 
     def _analyse(self, query: Query) -> tuple[np.ndarray, list[list[str]]]:

@@ -7,7 +7,8 @@
 // - no inline code: this file is the page's only script;
 // - the token lives in sessionStorage only (gone when the tab closes) and travels only in the
 //   Authorization header of requests to this server; no token, user id or query in any URL
-//   (the #fragment holds at most the person's own conversation id, and never leaves the browser).
+//   (the #fragment holds at most a conversation's reference and a turn number, and never leaves
+//   the browser).
 "use strict";
 
 (() => {
@@ -19,6 +20,7 @@
     nothing_found: "Nothing relevant was found.",
     no_memory: "No conversations were stored yet.",
     unavailable: "Your memory was unavailable at that moment; nothing was given.",
+    not_found: "No conversation of yours had that reference (or it was forgotten).",
   };
 
   const $ = (id) => document.getElementById(id);
@@ -52,9 +54,11 @@
     return `${count} ${word}${count === 1 ? "" : "s"}`;
   }
 
-  function conversationLink(conversationId, seq) {
-    const target = seq === undefined ? "" : `/${encodeURIComponent(seq)}`;
-    return `#conversation/${encodeURIComponent(conversationId)}${target}`;
+  // A conversation by its reference and a turn by its number, as the agent's passage headers
+  // name them ("ref <ref> turn <n>"), never by the gateway's conversation id.
+  function conversationLink(ref, turn) {
+    const target = turn === undefined ? "" : `/${encodeURIComponent(turn)}`;
+    return `#conversation/${encodeURIComponent(ref)}${target}`;
   }
 
   function say(message) {
@@ -143,7 +147,7 @@
     for (const item of conversations) {
       const link = el(
         "a",
-        { href: conversationLink(item.conversation_id) },
+        { href: conversationLink(item.ref) },
         el("span", { class: "date" }, when(item.date)),
         el("span", { class: "first-line" }, item.first_line || item.conversation_id),
       );
@@ -155,16 +159,17 @@
     show("conversations", options);
   }
 
-  async function openConversation(conversationId, seq) {
+  async function openConversation(ref, number) {
     let data;
     try {
-      data = await api("POST", "/api/me/conversation", { conversation_id: conversationId });
+      data = await api("POST", "/api/me/conversation", { ref });
     } catch (failure) {
       if (failure.status !== 404) throw failure;
       await showConversations();
       say("That conversation is not stored (it may have been forgotten).");
       return;
     }
+    const conversationId = data.conversation_id;
     const turns = data.turns;
     const first = turns.find((turn) => turn.text.trim());
     const title = first ? first.text.trim().split("\n")[0] : conversationId;
@@ -180,14 +185,14 @@
       list.append(
         el(
           "li",
-          { class: `turn role-${turn.role in SPEAKERS ? turn.role : "other"}`, id: `turn-${turn.seq}`, tabindex: "-1" },
-          el("p", { class: "speaker" }, el("strong", {}, label), " · ", el("time", { datetime: turn.ts }, when(turn.ts))),
+          { class: `turn role-${turn.role in SPEAKERS ? turn.role : "other"}`, id: `turn-${turn.seq + 1}`, tabindex: "-1" },
+          el("p", { class: "speaker" }, el("strong", {}, label), " · ", el("time", { datetime: turn.ts }, when(turn.ts)), ` · turn ${turn.seq + 1}`),
           el("p", { class: "text" }, turn.text),
         ),
       );
     }
     show("conversation");
-    const target = seq === undefined ? null : $(`turn-${seq}`);
+    const target = number === undefined ? null : $(`turn-${number}`);
     if (target) {
       target.classList.add("target");
       target.focus();
@@ -223,7 +228,7 @@
     const links = el("span", { class: "links" });
     turns.forEach((turn, index) => {
       if (index) links.append(", ");
-      links.append(el("a", { href: conversationLink(turn.conversation_id, turn.seq) }, label));
+      links.append(el("a", { href: conversationLink(turn.ref, turn.turn) }, label));
     });
     return links;
   }
@@ -252,19 +257,28 @@
 
   let auditNext = null; // where the next page of the audit starts (null: none)
 
+  // What a read of a conversation asked for: its turns, as the agent named them.
+  function readRange(read) {
+    const from = read.from_turn || 1;
+    const range = read.to_turn ? `turns ${from} to ${read.to_turn}` : `from turn ${from}`;
+    return el("p", {}, `Read ${range} of the conversation `, el("code", {}, String(read.ref || "")));
+  }
+
   function auditEntry(entry) {
     const served = el("ul", { class: "served" });
     for (const hit of entry.served) {
       const label = hit.role ? `${when(hit.ts)}, ${SPEAKERS[hit.role] || hit.role}` : when(hit.ts);
       served.append(el("li", {}, passageLinks(hit.turns, label)));
     }
-    const outcome =
-      entry.outcome === "passages" ? `Given ${plural(entry.served.length, "passage")}:` : OUTCOMES[entry.outcome] || entry.outcome;
+    const reading = entry.tool === "read_my_conversation";
+    const given = reading ? plural(entry.served.length, "turn") : plural(entry.served.length, "passage");
+    const outcome = entry.outcome === "passages" ? `Given ${given}:` : OUTCOMES[entry.outcome] || entry.outcome;
+    const asked = reading ? readRange(entry.read || {}) : el("p", {}, "Searched for ", el("q", {}, entry.query));
     return el(
       "li",
       { class: "card" },
       el("p", { class: "passage-head" }, el("time", { datetime: entry.at }, when(entry.at)), " · ", "client ", el("code", {}, entry.client || "unknown")),
-      el("p", {}, "Searched for ", el("q", {}, entry.query)),
+      asked,
       el("p", {}, outcome),
       entry.served.length ? served : null,
     );

@@ -253,7 +253,7 @@ class EmbeddedEngine:
         # A forget that overlapped this recall may have deleted rows after our snapshot began.
         if hidden := self._forgetting.hidden(home, started):
             with_neighbours = [(h, n) for h, n in with_neighbours if h.conv not in hidden]
-        return render(with_neighbours, query, self.max_chars)
+        return render(with_neighbours, query, self.max_chars, home.name)
 
     def _search(self, con: sqlite3.Connection, key: str, query: Query) -> list[Hit]:
         vectors = self._vectors(con, key)

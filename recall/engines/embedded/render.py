@@ -3,7 +3,7 @@ by tests/test_render.py; change it only on purpose.
 
 Each hit, best first, is one block:
 
-    [2026-10-08 14:05 UTC] user
+    [2026-10-08 14:05 UTC] user · ref 5d1c0a9e3b7f turn 3
     <the passage, whole, or an excerpt around the query's identifier when it must be cut>
       ~ before (user): <two turns before, on one line, whole where it fits>
       ~ before (assistant): <the turn before>
@@ -11,7 +11,9 @@ Each hit, best first, is one block:
       ~ after (user): <two turns after>
     ---
 
-- The header is the turn's time in UTC and its role; no conversation ids, chunk ids or paths.
+- The header is the turn's time in UTC, its role, and where `read_my_conversation` reads it whole:
+  the conversation's reference and the turn's number (recall/reading.py); no conversation ids,
+  chunk ids or paths.
 - The whole answer is at most ``max_chars`` characters. Each hit gets a fair share of what the
   ones before it left; a hit that cannot fit a useful line is left out.
 - Up to NEIGHBOURS turns before and after the hit's follow it, in conversation order.
@@ -29,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from recall.conversations import place
 from recall.engines.base import Passage, Recalled
 from recall.engines.embedded.search import Hit
 from recall.engines.embedded.store import Neighbour
@@ -39,14 +42,17 @@ NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shor
 ELLIPSIS = "…"
 
 
-def render(hits: list[tuple[Hit, list[Neighbour]]], query: Query, max_chars: int) -> Recalled:
+def render(
+    hits: list[tuple[Hit, list[Neighbour]]], query: Query, max_chars: int, user: str
+) -> Recalled:
     """The hits in order, each given a fair share of what the ones before it left; each shown
-    hit is a passage, its span its block."""
+    hit is a passage, its span its block. ``user`` (the user's hash) makes the references."""
     out: list[str] = []
     shown: list[Passage] = []
     remaining = max_chars
     for n, (hit, neighbours) in enumerate(hits):
-        block = _render_hit(hit, neighbours, query.focus, remaining // (len(hits) - n))
+        where = place(user, hit.conv, hit.seq)
+        block = _render_hit(hit, where, neighbours, query.focus, remaining // (len(hits) - n))
         if block:
             start = max_chars - remaining
             shown.append(Passage(hit.conv, hit.turn, hit.ts, hit.role, start, start + len(block)))
@@ -55,10 +61,12 @@ def render(hits: list[tuple[Hit, list[Neighbour]]], query: Query, max_chars: int
     return Recalled("".join(out), tuple(shown)).cut(max_chars)
 
 
-def _render_hit(hit: Hit, neighbours: list[Neighbour], terms: Sequence[str], budget: int) -> str:
+def _render_hit(
+    hit: Hit, where: str, neighbours: list[Neighbour], terms: Sequence[str], budget: int
+) -> str:
     """One hit as a block of at most ``budget`` chars; "" when not even a useful line fits."""
     when = datetime.fromisoformat(hit.ts.replace("Z", "+00:00")).astimezone(UTC)
-    header = f"[{when:%Y-%m-%d %H:%M} UTC] {hit.role}\n"
+    header = f"[{when:%Y-%m-%d %H:%M} UTC] {hit.role} · {where}\n"
     footer = "---\n"
     room = budget - len(header) - len(footer)
     if room < 40:
