@@ -35,7 +35,7 @@ MARKUP_CHAT = {
         turn(
             "assistant",
             "Also in a table:\n\n| what | shown |\n|---|---|\n"
-            f'| {MARKUP.split(" and ")[1]} | **as text** |\n\n- `<b>code</b>`\n\n'
+            f"| {MARKUP.split(' and ')[1]} | **as text** |\n\n- `<b>code</b>`\n\n"
             "```\n| not | a table |\n- nor a list\n```",
             "2026-10-14T08:02:00Z",
         ),
