@@ -64,7 +64,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture
 async def page(tmp_path: Path) -> AsyncIterator[Page]:
-    """A fresh Chromium profile at a phone's width; fails the test on any script error."""
+    """A fresh Chromium profile at a phone's width; fails the test on any script error and on
+    anything the page's Content-Security-Policy refused (an inline style, an innerHTML)."""
     async with playwright_api.async_playwright() as playwright:
         browser = await playwright.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"),
@@ -75,6 +76,14 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
         errors: list[str] = []
         page = browser.pages[0] if browser.pages else await browser.new_page()
         page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on(
+            "console",
+            lambda message: (
+                errors.append(message.text)
+                if "Content Security Policy" in message.text or "Trusted Type" in message.text
+                else None
+            ),
+        )
         try:
             yield page
         finally:
