@@ -4,8 +4,9 @@
 
 Starts a server with the seeded demo (recall/demo.py), lets alice's agent search twice (so the
 audit has something to show), and photographs the page in Debian's Chromium at a phone's width:
-sign-in, the conversation list, one conversation, search results and the audit. Needs
-/usr/bin/chromium (apt-get install chromium) and the test extra (playwright); not run by tests.
+sign-in, the conversation list, one conversation (at its first table), search results and the
+audit. Needs /usr/bin/chromium (apt-get install chromium) and the test extra (playwright); not
+run by tests.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ def main() -> int:
                 page.get_by_role("button", name="Sign in").click()
                 page.locator("#conversation-list li").first.wait_for()
                 shoot(page, "conversations")
-                page.get_by_role("link", name="Capacity check for the N-11").click()
+                page.get_by_role("link", name="Some unit arithmetic").click()
                 page.locator("#turn-list li").first.wait_for()
+                # its first answer, a Markdown table, at the top: the page shows it as a table
+                page.locator("#turn-list > li").nth(1).evaluate("turn => turn.scrollIntoView()")
                 shoot(page, "conversation")
                 page.get_by_role("link", name="Search", exact=True).click()
                 page.get_by_label("Search your conversations").fill("N-11 upgrade decision")

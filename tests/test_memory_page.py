@@ -1,7 +1,9 @@
 """The memory page in a real browser: Debian's Chromium, headless, driven by Playwright, against a
 real server holding the seeded demo. Alice signs in with her token, finds the N-11 decision with
 the search box, reads the capacity check, forgets the unit-ratio chat (and her agent's tool no
-longer returns it); bob sees only his chat; markup in a turn is shown as text and never runs."""
+longer returns it); bob sees only his chat; markup in a turn is shown as text and never runs,
+while its Markdown tables and lists show as tables and lists; the layout keeps counts, first lines
+and the search's status readable."""
 
 from __future__ import annotations
 
@@ -32,9 +34,23 @@ MARKUP_CHAT = {
     "turns": [
         turn("user", f"Paste test: {MARKUP}", "2026-10-14T08:00:00Z"),
         turn("assistant", "That is markup, shown as you typed it.", "2026-10-14T08:01:00Z"),
+        turn(
+            "assistant",
+            "Also in a table:\n\n| what | shown |\n|---|---|\n"
+            f"| {MARKUP.split(' and ')[1]} | **as text** |\n\n- `<b>code</b>`\n\n"
+            "```\n| not | a table |\n- nor a list\n```",
+            "2026-10-14T08:02:00Z",
+        ),
     ],
 }
 PHONE = {"width": 390, "height": 760}
+DESKTOP = {"width": 1000, "height": 800}
+# How many lines an element's text takes on screen: the line boxes its text's rectangles sit in.
+LINES = """element => {
+    const range = document.createRange();
+    range.selectNodeContents(element);
+    return new Set([...range.getClientRects()].map(rect => Math.round(rect.top))).size;
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +66,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture
 async def page(tmp_path: Path) -> AsyncIterator[Page]:
-    """A fresh Chromium profile at a phone's width; fails the test on any script error."""
+    """A fresh Chromium profile at a phone's width; fails the test on any script error and on
+    anything the page's Content-Security-Policy refused (an inline style, an innerHTML)."""
     async with playwright_api.async_playwright() as playwright:
         browser = await playwright.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"),
@@ -61,6 +78,14 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
         errors: list[str] = []
         page = browser.pages[0] if browser.pages else await browser.new_page()
         page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on(
+            "console",
+            lambda message: (
+                errors.append(message.text)
+                if "Content Security Policy" in message.text or "Trusted Type" in message.text
+                else None
+            ),
+        )
         try:
             yield page
         finally:
@@ -114,7 +139,7 @@ async def test_alice_finds_the_decision_reads_the_chat_and_forgets_the_unit_rati
     assert await turns.count() == 12
     assert await page.locator("#conversation-title").inner_text() == (
         "Capacity check for the N-11 upgrade proposal. N-11 is the North filler; after the "
-        "upgrade it sends about 245 units/d mo…"
+        "upgrade it sends about 245 units/d…"
     )
     # at the passage's turn, addressed as the agent's read tool addresses it: no gateway id
     assert page.url.endswith(f"#conversation/{capacity}/5")
@@ -163,7 +188,7 @@ async def test_bobs_token_shows_only_bobs_chat(demo: Server, page: Page) -> None
     await page.get_by_role("link", name="Search", exact=True).click()
     await page.get_by_label("Search your conversations").fill("N-11 upgrade decision")
     await page.get_by_role("button", name="Search", exact=True).click()
-    await page.locator("#status").get_by_text("found", exact=False).wait_for()
+    await page.locator("#search-status").get_by_text("found", exact=False).wait_for()
     assert "N-11" not in await page.locator("#search-results").inner_text()
     # nor does an address naming alice's conversation's reference
     alices = conversation_ref(user_dir_name("alice"), CAPACITY_CHECK)
@@ -184,6 +209,15 @@ async def test_markup_in_a_turn_is_shown_as_text_and_never_runs(demo: Server, pa
     assert await first.locator(".text").inner_text() == f"Paste test: {MARKUP}"
     assert await page.locator("main img, main script").count() == 0
     assert await page.evaluate("typeof window.pwned") == "undefined"
+    # a table cell, bold and code holding markup show it as text too; a fenced block stays as typed
+    third = page.locator("#turn-list > li").nth(2)
+    cell = third.locator("table td").first
+    assert await cell.inner_text() == MARKUP.split(" and ")[1]
+    assert await third.locator("td strong").inner_text() == "as text"
+    assert await third.locator("li code").inner_text() == "<b>code</b>"
+    assert await third.locator("pre").inner_text() == "| not | a table |\n- nor a list"
+    assert await third.locator("table, ul").count() == 2  # the fenced lines made neither
+    assert await page.locator("main img, main script, main b").count() == 0
     # and the same holds for a search result that shows it
     await page.get_by_role("link", name="Search", exact=True).click()
     await page.get_by_label("Search your conversations").fill("paste test onerror")
@@ -245,3 +279,77 @@ async def test_the_audit_shows_a_page_and_loads_earlier_searches_on_demand(
     await page.locator("#audit-list > li", has_text="search 0").wait_for()
     assert await cards.count() == 25 + earlier
     assert await page.get_by_role("button", name="Show earlier searches").is_hidden()
+
+
+async def test_counts_stay_on_one_line_and_first_lines_end_after_a_word(
+    demo: Server, page: Page
+) -> None:
+    # given alice's list on a desktop's width, where each count sits beside a long first line
+    await page.set_viewport_size(DESKTOP)
+    await sign_in(page, demo, "alice")
+    # then every "N turns" takes one line
+    counts = page.locator("#conversation-list .count")
+    assert await counts.count() >= 6
+    for count in await counts.all():
+        assert await count.evaluate(LINES) == 1, await count.inner_text()
+    # and a first line too long to show whole ends after a whole word, with an ellipsis
+    titles = await conversation_titles(page)
+    capacity = next(t for t in titles if t.startswith("Capacity check"))
+    assert capacity == (
+        "Capacity check for the N-11 upgrade proposal. N-11 is the North filler; after the "
+        "upgrade it sends about 245 units/d…"
+    )
+    assert all(len(t) <= 120 for t in titles)
+
+
+async def test_a_turns_markdown_table_and_list_show_as_a_table_and_a_list(
+    demo: Server, page: Page
+) -> None:
+    # given alice's budget forecast, whose answers hold a pipe table and bulleted lists
+    await sign_in(page, demo, "alice")
+    # when she opens it on a phone
+    await page.get_by_role("link", name="I need a volume forecast").click()
+    turns = page.locator("#turn-list > li")
+    await turns.first.wait_for()
+    # then the table is a table: a header row and one row per line, no pipes or rule left
+    table = page.locator("#turn-list table").first
+    headers = await table.locator("th").all_inner_texts()
+    assert headers[:2] == ["months", "hyperbolic rate"]
+    assert await table.locator("tbody tr").count() == 3
+    cells = await table.locator("tbody tr").first.locator("td").all_inner_texts()
+    assert cells[:2] == ["6", "1,329.7 units/d"]
+    text = await page.locator("#turn-list").inner_text()
+    assert "|---|" not in text and "| months" not in text
+    # the lists are lists, without their dashes
+    item = page.locator("#turn-list ul > li", has_text="Rate: 1,069.5")
+    assert (await item.inner_text()).startswith("Rate: 1,069.5 − 1,030.9")
+    # and the wide table scrolls in its turn: the page is no wider than the phone
+    assert await page.evaluate(
+        "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+    )
+
+
+async def test_the_search_says_nothing_found_once_just_above_its_results(
+    demo: Server, page: Page
+) -> None:
+    await sign_in(page, demo, "alice")
+    await page.get_by_role("link", name="Search", exact=True).click()
+    box = page.get_by_label("Search your conversations")
+    button = page.get_by_role("button", name="Search", exact=True)
+    # when a search finds nothing, the answer is said once
+    await box.fill("zebra giraffe quantum")
+    await button.click()
+    await page.get_by_text("Nothing relevant found").first.wait_for()
+    assert await page.get_by_text("Nothing relevant found").count() == 1
+    # when one finds passages, their count sits between the search button and the first result
+    await box.fill("N-11 decision")
+    await button.click()
+    status = page.get_by_role("status").filter(has_text="passages found")
+    await status.wait_for()
+    assert await page.get_by_text("Nothing relevant found").count() == 0
+    below = await button.bounding_box()
+    said = await status.bounding_box()
+    first = await page.locator("#search-results > li").first.bounding_box()
+    assert below and said and first
+    assert below["y"] + below["height"] <= said["y"]
+    assert 0 <= first["y"] - (said["y"] + said["height"]) <= 24

@@ -9,6 +9,8 @@
 //   Authorization header of requests to this server; no token, user id or query in any URL
 //   (the #fragment holds at most a conversation's reference and a turn number, and never leaves
 //   the browser).
+// Turns show a small subset of Markdown (paragraphs, lists, pipe tables, fenced code, **bold** and
+// `code`), parsed here into elements whose text goes in as Text nodes: a tag in a turn stays text.
 "use strict";
 
 (() => {
@@ -22,6 +24,10 @@
     unavailable: "Your memory was unavailable at that moment; nothing was given.",
     not_found: "No conversation of yours had that reference (or it was forgotten).",
   };
+
+  // What a title or a first line shows: under the server's cut (FIRST_LINE_CHARS, 160), so every
+  // line the server cut ends in an ellipsis here.
+  const SHORT_LINE = 120;
 
   const $ = (id) => document.getElementById(id);
   let current = null; // the conversation on screen: {id, title}
@@ -52,6 +58,17 @@
 
   function plural(count, word) {
     return `${count} ${word}${count === 1 ? "" : "s"}`;
+  }
+
+  // At most `limit` characters, cut after a whole word and marked with an ellipsis (a word longer
+  // than half the room is cut where it must be).
+  function shorten(text, limit = SHORT_LINE) {
+    const chars = Array.from(text); // code points: a cut never splits a character
+    if (chars.length <= limit) return text;
+    const head = chars.slice(0, limit - 1).join("");
+    const lastSpace = head.search(/\s\S*$/u);
+    const wholeWord = /\s/u.test(chars[limit - 1]) || lastSpace < head.length / 2;
+    return `${(wholeWord ? head : head.slice(0, lastSpace)).replace(/[\s,;:.]+$/u, "")}…`;
   }
 
   // A conversation by its reference and a turn by its number, as the agent's passage headers
@@ -149,7 +166,7 @@
         "a",
         { href: conversationLink(item.ref) },
         el("span", { class: "date" }, when(item.date)),
-        el("span", { class: "first-line" }, item.first_line || item.conversation_id),
+        el("span", { class: "first-line" }, shorten(item.first_line || item.conversation_id)),
       );
       list.append(el("li", { class: "card" }, link, el("span", { class: "count" }, plural(item.turns, "turn"))));
     }
@@ -174,7 +191,7 @@
     const first = turns.find((turn) => turn.text.trim());
     const title = first ? first.text.trim().split("\n")[0] : conversationId;
     current = { id: conversationId, title };
-    $("conversation-title").textContent = title.length > 120 ? `${title.slice(0, 119)}…` : title;
+    $("conversation-title").textContent = shorten(title);
     const span = turns.length ? `${when(turns[0].ts)} to ${when(turns[turns.length - 1].ts)}` : "";
     $("conversation-meta").textContent = `${plural(turns.length, "turn")}, ${span}. Id: ${conversationId}`;
     const list = $("turn-list");
@@ -187,7 +204,7 @@
           "li",
           { class: `turn role-${turn.role in SPEAKERS ? turn.role : "other"}`, id: `turn-${turn.seq + 1}`, tabindex: "-1" },
           el("p", { class: "speaker" }, el("strong", {}, label), " · ", el("time", { datetime: turn.ts }, when(turn.ts)), ` · turn ${turn.seq + 1}`),
-          el("p", { class: "text" }, turn.text),
+          rendered(turn.text, plain),
         ),
       );
     }
@@ -208,19 +225,85 @@
       .filter((word) => word.length >= 2);
   }
 
+  // Text as it is: one Text node.
+  const plain = (text) => [text];
+
   // Text with the terms marked: Text nodes and <mark> elements, never markup.
-  function highlighted(text, terms) {
-    const node = el("p", { class: "text" });
-    if (!terms.length) {
-      node.append(text);
-      return node;
-    }
+  function marker(terms) {
+    if (!terms.length) return plain;
     const escaped = terms.map((term) => term.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
     const pattern = new RegExp(`(${escaped.join("|")})`, "giu");
-    text.split(pattern).forEach((part, index) => {
-      if (part) node.append(index % 2 ? el("mark", {}, part) : part);
+    return (text) => text.split(pattern).flatMap((part, index) => (part ? [index % 2 ? el("mark", {}, part) : part] : []));
+  }
+
+  // **bold** and `code` inside a line; the text of each goes through `mark`.
+  function inline(text, mark) {
+    return text.split(/(\*\*[^*\n]+\*\*|`[^`\n]+`)/).flatMap((part, index) => {
+      if (!(index % 2)) return part ? mark(part) : [];
+      return part.startsWith("`") ? [el("code", {}, ...mark(part.slice(1, -1)))] : [el("strong", {}, ...mark(part.slice(2, -2)))];
     });
-    return node;
+  }
+
+  const FENCE = /^\s*```/;
+  const ITEM = /^(\s*)([-*+]|(\d{1,9})[.)])\s+(.*)$/;
+  const TABLE_RULE = /^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$/;
+
+  function tableStart(lines, i) {
+    return lines[i].includes("|") && i + 1 < lines.length && lines[i + 1].includes("|") && TABLE_RULE.test(lines[i + 1]);
+  }
+
+  function cells(line) {
+    const row = line.trim().replace(/^\|/, "").replace(/\|$/, "");
+    return row.split("|").map((cell) => cell.trim());
+  }
+
+  // A passage's text, its Markdown rendered and the query's words marked.
+  function highlighted(text, terms) {
+    return rendered(text, marker(terms));
+  }
+
+  // A turn's text as elements: fenced code, pipe tables, bulleted and numbered lists, and
+  // paragraphs (line breaks kept). Anything else is a paragraph, shown as written.
+  function rendered(text, mark) {
+    const box = el("div", { class: "text" });
+    const lines = text.split("\n");
+    let i = 0;
+    while (i < lines.length) {
+      if (!lines[i].trim()) {
+        i += 1;
+      } else if (FENCE.test(lines[i])) {
+        const code = [];
+        for (i += 1; i < lines.length && !FENCE.test(lines[i]); i += 1) code.push(lines[i]);
+        i += 1; // the closing fence (or the end)
+        box.append(el("pre", {}, el("code", {}, ...mark(code.join("\n")))));
+      } else if (tableStart(lines, i)) {
+        const piped = lines[i].trim().startsWith("|"); // then every row starts with one
+        const head = cells(lines[i]);
+        const rows = [];
+        for (i += 2; i < lines.length && lines[i].includes("|") && (!piped || lines[i].trim().startsWith("|")); i += 1) {
+          rows.push(cells(lines[i]));
+        }
+        const row = (tag, values) => el("tr", {}, ...values.map((value) => el(tag, tag === "th" ? { scope: "col" } : {}, ...inline(value, mark))));
+        const table = el("table", {}, el("thead", {}, row("th", head)), el("tbody", {}, ...rows.map((values) => row("td", values))));
+        box.append(el("div", { class: "table" }, table)); // scrolls sideways, not the page
+      } else if (ITEM.test(lines[i])) {
+        const ordered = ITEM.exec(lines[i])[3] !== undefined;
+        const list = el(ordered ? "ol" : "ul", {});
+        for (let item; i < lines.length && (item = ITEM.exec(lines[i])) && (item[3] !== undefined) === ordered; i += 1) {
+          const attributes = ordered ? { value: item[3] } : {}; // the numbers as written
+          if (item[1]) attributes.class = "nested";
+          list.append(el("li", attributes, ...inline(item[4], mark)));
+        }
+        box.append(list);
+      } else {
+        const paragraph = [];
+        for (; i < lines.length && lines[i].trim() && !FENCE.test(lines[i]) && !ITEM.test(lines[i]) && !tableStart(lines, i); i += 1) {
+          paragraph.push(lines[i]);
+        }
+        box.append(el("p", {}, ...inline(paragraph.join("\n"), mark)));
+      }
+    }
+    return box;
   }
 
   function passageLinks(turns, label) {
@@ -233,13 +316,26 @@
     return links;
   }
 
+  // The search's own status, just above its results: "Searching…", how many passages, and any
+  // words of the answer outside them (the whole answer when there are none): each said once.
+  function searchSays(message) {
+    $("search-status").textContent = message;
+  }
+
+  function outsidePassages({ answer, passages }) {
+    let left = answer;
+    for (const passage of passages) left = left.replace(passage.text, "");
+    return left
+      .split("\n")
+      .filter((line) => line.trim() && line.trim() !== "---")
+      .join("\n");
+  }
+
   async function search(query) {
+    searchSays("Searching…");
     const data = await api("POST", "/api/me/search", { query });
     const list = $("search-results");
     clear(list);
-    const answer = $("search-answer");
-    answer.hidden = data.passages.length > 0;
-    answer.textContent = data.passages.length ? "" : data.answer;
     const terms = queryTerms(data.query);
     for (const passage of data.passages) {
       const [header, ...rest] = passage.text.split("\n");
@@ -252,7 +348,8 @@
         ),
       );
     }
-    say(data.passages.length ? `${plural(data.passages.length, "passage")} found.` : data.answer);
+    const count = data.passages.length ? `${plural(data.passages.length, "passage")} found.` : "";
+    searchSays([count, outsidePassages(data)].filter(Boolean).join("\n"));
   }
 
   let auditNext = null; // where the next page of the audit starts (null: none)
@@ -371,8 +468,10 @@
 
   $("search-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    say("Searching…");
-    search($("query").value).catch(failed);
+    search($("query").value).catch((failure) => {
+      if (failure instanceof SignedOut) failed(failure);
+      else searchSays(failure.message || "Something went wrong.");
+    });
   });
 
   $("forget-button").addEventListener("click", () => {
