@@ -403,7 +403,7 @@ def create_app(settings: Settings) -> Starlette:
             if state == "none":
                 return Recalled(NO_MEMORY)
             if state == "pending":  # the first index run is not done: no loss, say it as it is
-                store.repair(user)  # due now: the user is waiting for it
+                store.repair(user)  # see that the run is due: the user is waiting for it
                 return Recalled(NOT_YET)
             if state == "unindexed":
                 # Conversations stored, and the index built for them lost (deleted, corrupt).

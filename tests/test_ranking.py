@@ -262,7 +262,7 @@ async def test_a_turn_naming_the_month_asked_about_counts_as_much_as_one_dated_i
     # little ahead after fusion
     home = tmp_path / "user"
     post(home, "dated", "2026-07-10T09:00:00Z", [("user", "The delivery came 40 pallets short.")])
-    post(home, "named", "2026-09-09T09:00:00Z", [("user", "The July delivery came 12 short.")])
+    post(home, "named", "2026-09-09T09:00:00Z", [("user", "The delivery in July came 12 short.")])
     await EmbeddedEngine(embedder).index(home)
     con = connect(db_path(home), create=False)
     try:

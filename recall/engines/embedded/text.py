@@ -114,13 +114,15 @@ def names_a_subject(text: str, start: int, end: int) -> bool:
 
 
 def names_month(text: str, month: int) -> bool:
-    """Whether a passage's text names ``month`` (capitalised, as a month is written; "May" only
-    after a word or a number, never at a sentence's start where it is the verb)."""
+    """Whether a passage's text names ``month`` as a time, read as a query's month is ("in July",
+    not "the July delivery"): capitalised, as a month is written, and "May" only after a word or
+    a number, never at a sentence's start where it is the verb."""
     name = MONTHS[month - 1].capitalize()
-    if month == 5:
-        return re.search(r"(?:[a-z0-9,] )May\b", text) is not None
-    short = name[:3]
-    return re.search(rf"\b(?:{name}|{short}\.?)\b", text) is not None
+    pattern = r"(?<=[a-z0-9,] )May\b" if month == 5 else rf"\b(?:{name}|{name[:3]}\.?)\b"
+    return any(
+        not names_a_subject(text, found.start(), found.end())
+        for found in re.finditer(pattern, text)
+    )
 
 
 def identifiers(text: str) -> list[str]:
