@@ -53,6 +53,7 @@ from fastmcp import Client
 from benchmark.run import load_by_backfill, machine, postgres, timing
 from recall.conversations import parse_conversation, user_dir_name, write_conversation
 from recall.engines.base import (
+    MORE_MATCH,
     NEAR_MISSES,
     NEVER_MENTIONED,
     NO_MEMORY,
@@ -290,6 +291,11 @@ def presented(answer: str) -> str:
     return "match"
 
 
+def says_more(answer: str) -> bool:
+    """Whether the answer's last line says more passages match than it shows."""
+    return answer.rstrip("\n").rsplit("\n", 1)[-1].startswith(MORE_MATCH.split("{")[0])
+
+
 def returned_passages(answer: str) -> bool:
     """Passages presented as a match: what a false positive is."""
     return presented(answer) == "match"
@@ -312,6 +318,7 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
     per_history: dict[str, dict[str, Any]] = {}
     false_positive: dict[str, Any] = {}
     photo_misses = {f"k{k}": 0 for k in KS}
+    more_lines = {f"k{k}": 0 for k in KS}
     errors = 0
     for k in KS:
         counts: dict[str, dict[str, float]] = {}
@@ -323,6 +330,7 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
             own = per_history.setdefault(history.user, {"questions": len(history.questions)})
             own_hits = 0
             for question, answer in zip(history.questions, got, strict=False):
+                more_lines[f"k{k}"] += says_more(answer)
                 found = [is_hit(answer, key) for key in question.keys]
                 hit = any(found)
                 own_hits += hit
@@ -363,6 +371,7 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
     evidence = EvidenceCount()
     for history in histories:
         evidence.add(history.evidence)
+    all_questions = [q for h in histories for q in h.questions]
     figures = {
         "histories": [h.user for h in histories],
         "sessions": sum(len(h.bodies) for h in histories),
@@ -374,6 +383,8 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
         "per_history": per_history,
         "evidence": vars(evidence),
         "misses_with_evidence_only_on_photo_turns": photo_misses,
+        # questions whose answer ends saying clearly more passages match than it shows
+        "more_match_lines": {k: share(n, len(all_questions)) for k, n in more_lines.items()},
         "unavailable_answers": errors,
     }
     for k in KS:
