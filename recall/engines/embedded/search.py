@@ -64,8 +64,9 @@ MIN_COVERED = 0.34
 # least this share of the rest, and the model finding one at least MIN_SIMILARITY close).
 NEAR_MISS_COVERED = 0.5
 # A turn from a month the query names as a time ("in May 2023", "back in January"), or whose text
-# names that month, scores 1 + MONTH_BOOST times as much: it reorders the pool, never filters it
-# (filters lost recall wherever tried). A month naming the subject lifts nothing (text.py).
+# names that month as a time ("in July", not "the July delivery"), scores 1 + MONTH_BOOST times as
+# much: it reorders the pool, never filters it (filters lost recall wherever tried). A month
+# naming the subject lifts nothing (text.py).
 MONTH_BOOST = 1.0
 # "Clearly more match": at least MORE_MIN passages the ranking read but left out (neither shown
 # nor next to a shown one) cover the query as fully as the best shown one (MORE_SHARE of its
@@ -304,10 +305,11 @@ def top_hits(
 
 def in_month(hit: Hit, months: Sequence[tuple[int | None, int]]) -> bool:
     """Whether a hit belongs to a (year or None, month) the query names as a time: dated in it,
-    or its text names the month (in that year's turn, or with the year written)."""
+    or its text names the month as a time (in a turn of that year, or with the year written)."""
     year, month = int(hit.ts[:4]), int(hit.ts[5:7])
     return any(
-        (m == month or names_month(hit.text, m)) and (y in (None, year) or str(y) in hit.text)
+        (m == month and y in (None, year))
+        or (names_month(hit.text, m) and (y in (None, year) or str(y) in hit.text))
         for y, m in months
     )
 
