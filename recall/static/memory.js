@@ -19,6 +19,7 @@
     nothing_found: "Nothing relevant was found.",
     no_memory: "No conversations were stored yet.",
     unavailable: "Your memory was unavailable at that moment; nothing was given.",
+    not_yet: "Your conversations were still being indexed; nothing was given.",
   };
 
   const $ = (id) => document.getElementById(id);
