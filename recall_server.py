@@ -67,7 +67,14 @@ from recall.conversations import (
     user_dir_name,
 )
 from recall.engines import make_engine
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, EngineError, Recalled
+from recall.engines.base import (
+    NO_MEMORY,
+    NOT_YET,
+    NOTHING_FOUND,
+    UNAVAILABLE,
+    EngineError,
+    Recalled,
+)
 from recall.files_store import FilesStore
 from recall.lifecycle import (
     Forgotten,
@@ -508,8 +515,11 @@ def create_app(settings: Settings) -> Starlette:
             state = await store.state(user)
             if state == "none":
                 return Recalled(NO_MEMORY)
+            if state == "pending":  # the first index run is not done: no loss, say it as it is
+                store.repair(user)  # see that the run is due: the user is waiting for it
+                return Recalled(NOT_YET)
             if state == "unindexed":
-                # Conversations stored but no readable index (deleted, corrupt, not built yet).
+                # Conversations stored, and the index built for them lost (deleted, corrupt).
                 log.warning(
                     "recall for user %s: no readable index; rebuilding",
                     user,

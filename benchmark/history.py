@@ -372,6 +372,9 @@ class History:
     conversations: list[dict[str, Any]]  # POST /turns bodies, in chronological order
     questions: list[Question]
     facts: list[Fact] = field(default_factory=list)  # one per conversation, for miss analysis
+    # Questions of kind "month": a month named as part of the subject ("the July delivery"),
+    # asked apart from ``questions`` so their figures stay comparable (add_month_subjects).
+    month_questions: list[Question] = field(default_factory=list)
 
 
 @dataclass
@@ -413,7 +416,16 @@ def generate(n: int, seed: int = 7, questions: int = 100) -> History:
         for i in picked
     ]
     _check(conversations, facts, qs)
-    return History(conversations=conversations, questions=qs, facts=facts)
+    month_qs = add_month_subjects(
+        conversations,
+        [site_names[plan.sites[0]] for plan in plans],
+        {q.conversation_id for q in qs},
+        OPS_MONTH_SUBJECTS,
+        seed=seed,
+        count=len(qs) // MONTH_QUESTION_SHARE,
+    )
+    _check(conversations, facts, qs + month_qs)
+    return History(conversations=conversations, questions=qs, facts=facts, month_questions=month_qs)
 
 
 # --- planning ----------------------------------------------------------------------------------
@@ -801,6 +813,95 @@ def _check(
             raise RuntimeError(f"answer {q.answer!r} is not unique to {q.conversation_id}")
     if len({q.conversation_id for q in qs}) != len(qs):
         raise RuntimeError("two questions about one conversation")
+
+
+# --- month-named subjects (issue 23) ------------------------------------------------------------
+
+# One month question per this many of the main ones.
+MONTH_QUESTION_SHARE = 5
+
+
+@dataclass(frozen=True)
+class MonthSubjects:
+    """A fact whose subject names a month ("the July delivery"), told in a conversation dated in
+    another month, and how it is asked. Templates take {month} {place} {count} {person} {when}
+    (``when``: the month the conversation is dated in, for a question that names both)."""
+
+    fact: str
+    answer: str
+    questions: tuple[str, ...]
+    short: str
+    fillers: frozenset[str]  # whole turns that say nothing: the fact takes one of their places
+    people: tuple[str, ...]
+
+
+OPS_MONTH_SUBJECTS = MonthSubjects(
+    fact="The {month} delivery for {place} came {count} pallets short, {person} is chasing it.",
+    answer="came {count} pallets short",
+    questions=(
+        "How many pallets were missing from the {month} delivery for {place}?",
+        "What was wrong with the {month} delivery to {place}?",
+        "Back in {when} we talked about the {month} delivery for {place}; how short was it?",
+    ),
+    short="{place} {month} delivery shortfall",
+    fillers=frozenset(USER_FILLERS + ASSISTANT_FILLERS),
+    people=PEOPLE,
+)
+
+
+def add_month_subjects(
+    conversations: list[dict[str, Any]],
+    places: list[str],
+    asked: set[str],
+    subjects: MonthSubjects,
+    *,
+    seed: int,
+    count: int,
+) -> list[Question]:
+    """Put up to ``count`` month-subject facts into conversations spread over the history (one
+    not already asked about, in place of a filler turn), each naming a month other than the
+    one the conversation is dated in, with the conversation's home ``places[i]``; their
+    questions, kind "month". A generator of its own: the rest of the history stays as drawn.
+
+    The trap they set: a month that is part of what is asked about must not lift the turns
+    dated in that month above the one turn that names it."""
+    rng = random.Random(f"month-subjects-{seed}")
+    n = len(conversations)
+    counts = rng.sample(range(3, 400), max(count, 0))
+    taken: set[tuple[str, int]] = set()
+    questions: list[Question] = []
+    for j in range(count):
+        centre = (2 * j + 1) * n // (2 * count)
+        for i in sorted(range(n), key=lambda i: (abs(i - centre), i)):
+            body = conversations[i]
+            fillers = [t for t in body["turns"] if t["text"] in subjects.fillers]
+            if body["conversation_id"] in asked or not fillers:
+                continue
+            dated = int(body["turns"][0]["ts"][5:7])
+            month = rng.choice([m for m in range(1, 13) if m != dated])
+            if (places[i], month) in taken:
+                continue
+            taken.add((places[i], month))
+            asked.add(body["conversation_id"])
+            values = {
+                "month": MONTHS[month - 1],
+                "when": MONTHS[dated - 1],
+                "place": places[i],
+                "count": str(counts[j]),
+                "person": rng.choice(subjects.people),
+            }
+            rng.choice(fillers)["text"] = subjects.fact.format(**values)
+            questions.append(
+                Question(
+                    question=rng.choice(subjects.questions).format(**values),
+                    short_query=subjects.short.format(**values),
+                    answer=subjects.answer.format(**values),
+                    conversation_id=body["conversation_id"],
+                    kind="month",
+                )
+            )
+            break
+    return questions
 
 
 # --- CLI ---------------------------------------------------------------------------------------

@@ -45,14 +45,17 @@ from typing import Any
 
 from benchmark.history import (
     CLUSTER,
+    MONTH_QUESTION_SHARE,
     MONTHS,
     Fact,
     History,
+    MonthSubjects,
     Question,
     _check,
     _deal,
     _ids,
     _start_times,
+    add_month_subjects,
 )
 
 USER = "bench-user"
@@ -241,6 +244,20 @@ ASK_BEFORE_LOOKUP = (
 )
 USER_FILLERS = ("Thanks.", "Okay, that's all for now.", "Great, cheers.", "Anything else?")
 ASSISTANT_FILLERS = ("You're welcome.", "Anytime.", "Sure, that's everything from my side.")
+# Month-named subjects (history.add_month_subjects): written with the rule's "before", blind to it.
+CLINIC_MONTH_SUBJECTS = MonthSubjects(
+    fact="The {month} stock order for {place} arrived {count} boxes short, {person} called the "
+    "wholesaler.",
+    answer="arrived {count} boxes short",
+    questions=(
+        "How many boxes were missing from the {month} wholesaler order at {place}?",
+        "What went wrong with the {month} supplies for {place}?",
+        "Back in {when} we talked about the {month} stock order for {place}; how short was it?",
+    ),
+    short="{place} {month} stock order shortfall",
+    fillers=frozenset(USER_FILLERS + ASSISTANT_FILLERS),
+    people=PEOPLE,
+)
 LEADS = {
     "user": ("", "Oh, and ", "Before I forget, "),
     "assistant": ("", "From the clinic file: ", "Found it: ", "Here it is: "),
@@ -686,4 +703,13 @@ def generate(n: int, seed: int = 7, questions: int = 60) -> History:
     picked = _pick_questions(plans, min(questions, n))
     qs = [_question(rng, facts[i], items[i], places[plans[i].home], starts[i]) for i in picked]
     _check_clinic(conversations, facts, qs)
-    return History(conversations=conversations, questions=qs, facts=facts)
+    month_qs = add_month_subjects(
+        conversations,
+        [places[plan.home] for plan in plans],
+        {q.conversation_id for q in qs},
+        CLINIC_MONTH_SUBJECTS,
+        seed=seed,
+        count=len(qs) // MONTH_QUESTION_SHARE,
+    )
+    _check(conversations, facts, qs + month_qs, r"\b(?:BK|DC)-\d+\b", ("booking", "decision"))
+    return History(conversations=conversations, questions=qs, facts=facts, month_questions=month_qs)

@@ -20,9 +20,13 @@ Metrics, per category and overall:
   characters of the text (without the speaker) of at least one of the question's evidence turns;
 - evidence recall@k: per question, the share of its evidence turns found by the same rule,
   averaged over the questions (the LoCoMo paper's retrieval recall, task_eval/evaluation_stats.py);
-- false positives: the share of queries with nothing to find that still got passages, i.e. not
-  "Nothing relevant found ...": each history's category-5 (adversarial) questions, and questions
-  about things the history never mentions (OFF_TOPIC, kept only where none of their terms occur).
+- false positives: the share of queries with nothing to find that still got passages presented as
+  a match (not "Nothing relevant found ...", nor only "No earlier conversation mentions ..."):
+  each history's category-5 (adversarial) questions, and questions about things the history
+  never mentions (OFF_TOPIC, kept only where none of their terms occur);
+- near misses: the share of those queries answered with passages under the near-miss label
+  (recall.engines.base.NEAR_MISSES: the query's identifiers are in no conversation, the
+  passages are the closest to the rest of it), counted apart: they are not presented as a match.
 
 k=3 uses the default settings, k=8 the issue's (RECALL_CANDIDATES 32, MAX_RESULT_CHARS 8000).
 """
@@ -48,7 +52,17 @@ from fastmcp import Client
 
 from benchmark.run import load_by_backfill, machine, postgres, timing
 from recall.conversations import parse_conversation, user_dir_name, write_conversation
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Engine, Recalled
+from recall.engines.base import (
+    MORE_MATCH,
+    NEAR_MISSES,
+    NEVER_MENTIONED,
+    NO_MEMORY,
+    NOT_YET,
+    NOTHING_FOUND,
+    UNAVAILABLE,
+    Engine,
+    Recalled,
+)
 from recall.testing import ROOT, LocalServer, make_server
 from recall_server import MAX_QUERY_CHARS
 
@@ -262,8 +276,29 @@ def is_hit(answer: str, key: str) -> bool:
     return bool(key) and key in normalise(answer)
 
 
+def presented(answer: str) -> str:
+    """How an answer presents what it returns: "nothing" (a fail-soft or nothing-found answer, or
+    only the note that no conversation mentions the query's identifiers), "near_miss" (passages
+    under the near-miss label) or "match"."""
+    if answer in (NOTHING_FOUND, NO_MEMORY, UNAVAILABLE, NOT_YET):
+        return "nothing"
+    note, _, rest = answer.partition("\n")
+    if note.startswith(NEVER_MENTIONED.split("{")[0]):
+        if not rest.strip():
+            return "nothing"
+        if rest.startswith(NEAR_MISSES.split("{")[0]):
+            return "near_miss"
+    return "match"
+
+
+def says_more(answer: str) -> bool:
+    """Whether the answer's last line says more passages match than it shows."""
+    return answer.rstrip("\n").rsplit("\n", 1)[-1].startswith(MORE_MATCH.split("{")[0])
+
+
 def returned_passages(answer: str) -> bool:
-    return answer not in (NOTHING_FOUND, NO_MEMORY, UNAVAILABLE)
+    """Passages presented as a match: what a false positive is."""
+    return presented(answer) == "match"
 
 
 def first_returned(answer: str) -> str:
@@ -283,16 +318,19 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
     per_history: dict[str, dict[str, Any]] = {}
     false_positive: dict[str, Any] = {}
     photo_misses = {f"k{k}": 0 for k in KS}
+    more_lines = {f"k{k}": 0 for k in KS}
     errors = 0
     for k in KS:
         counts: dict[str, dict[str, float]] = {}
         fp = {"adversarial": [0, 0], "unseen_entities": [0, 0]}
+        near = {"adversarial": 0, "unseen_entities": 0}
         for history in histories:
             got = answers[k][history.user].texts
             errors += sum(answer == UNAVAILABLE for answer in got)
             own = per_history.setdefault(history.user, {"questions": len(history.questions)})
             own_hits = 0
             for question, answer in zip(history.questions, got, strict=False):
+                more_lines[f"k{k}"] += says_more(answer)
                 found = [is_hit(answer, key) for key in question.keys]
                 hit = any(found)
                 own_hits += hit
@@ -317,19 +355,23 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
             for kind, group in (("adversarial", adversarial), ("unseen_entities", off_topic)):
                 fp[kind][0] += sum(returned_passages(answer) for answer in group)
                 fp[kind][1] += len(group)
+                near[kind] += sum(presented(answer) == "near_miss" for answer in group)
         for bucket, row in counts.items():
             shown = rows.setdefault(bucket, {"questions": int(row["questions"])})
             shown[f"hit@{k}"] = share(row["hits"], int(row["questions"]))
             shown[f"evidence_recall@{k}"] = share(row["recall"], int(row["questions"]))
         both = [sum(pair) for pair in zip(*fp.values(), strict=True)]
+        near_all = sum(near.values())
         false_positive[f"k{k}"] = {
             kind: {"queries": whole, "rate": share(part, whole)}
+            | {"near_miss_rate": share(near.get(kind, near_all), whole)}
             for kind, (part, whole) in (*fp.items(), ("all", both))
         }
     ordered = {name: rows[name] for name in [*CATEGORIES.values(), "overall"] if name in rows}
     evidence = EvidenceCount()
     for history in histories:
         evidence.add(history.evidence)
+    all_questions = [q for h in histories for q in h.questions]
     figures = {
         "histories": [h.user for h in histories],
         "sessions": sum(len(h.bodies) for h in histories),
@@ -341,6 +383,8 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
         "per_history": per_history,
         "evidence": vars(evidence),
         "misses_with_evidence_only_on_photo_turns": photo_misses,
+        # questions whose answer ends saying clearly more passages match than it shows
+        "more_match_lines": {k: share(n, len(all_questions)) for k, n in more_lines.items()},
         "unavailable_answers": errors,
     }
     for k in KS:
@@ -584,8 +628,12 @@ def table(figures: dict[str, Any]) -> str:
             f"| {_pct(row['evidence_recall@3'])} | {_pct(row['evidence_recall@8'])} |"
         )
     fp = figures["false_positive"]
-    lines += ["", "| false positives (got passages) | queries | at k=3 | at k=8 |"]
-    lines.append("| --- | --- | --- | --- |")
+    lines += [
+        "",
+        "| false positives (passages as a match) | queries | at k=3 | at k=8 "
+        "| labelled near misses at k=3 | at k=8 |",
+    ]
+    lines.append("| --- | --- | --- | --- | --- | --- |")
     for kind, label in (
         ("adversarial", "category 5 (adversarial)"),
         ("unseen_entities", "never-mentioned things"),
@@ -593,7 +641,8 @@ def table(figures: dict[str, Any]) -> str:
     ):
         lines.append(
             f"| {label} | {fp['k3'][kind]['queries']} | {_pct(fp['k3'][kind]['rate'])} "
-            f"| {_pct(fp['k8'][kind]['rate'])} |"
+            f"| {_pct(fp['k8'][kind]['rate'])} | {_pct(fp['k3'][kind].get('near_miss_rate'))} "
+            f"| {_pct(fp['k8'][kind].get('near_miss_rate'))} |"
         )
     return "\n".join(lines)
 

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from recall.conversations import fsync_dir, private_file
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Passage, Recalled
+from recall.engines.base import Passage, Recalled, outcome
 
 AUDIT_FILE = "audit.jsonl"
-OUTCOMES = {NO_MEMORY: "no_memory", NOTHING_FOUND: "nothing_found", UNAVAILABLE: "unavailable"}
 READ_BLOCK = 64 * 1024  # a page is read from the end backwards, this much at a time
 
 
@@ -46,7 +45,7 @@ def entry(client: str | None, query: str, answer: Recalled) -> dict[str, Any]:
         "at": now(),
         "client": client,
         "query": query,
-        "outcome": OUTCOMES.get(answer.text, "passages"),
+        "outcome": outcome(answer),
         "served": [served(passage) for passage in answer.passages],
     }
 

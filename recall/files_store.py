@@ -30,7 +30,7 @@ from recall.engines.base import Engine, Recalled
 from recall.lifecycle import Lifecycle, UserGates, admit_for, list_receipts, user_homes
 from recall.logs import user_fields
 from recall.metrics import data_dir_writable
-from recall.scheduler import IndexScheduler, index_and_mark, index_stale
+from recall.scheduler import IndexScheduler, index_and_mark, index_stale, indexed_before
 from recall.settings import ConfigError
 from recall.store import AuditLine, Mark, MemoryState, Receipt, Turn
 
@@ -186,7 +186,10 @@ class FilesStore:
         home = self.home(user)
         if self.engine.has_memory(home):
             return "ready"
-        return "unindexed" if source_files(home) else "none"
+        if not source_files(home):
+            return "none"
+        # No run has ever finished for this engine: the first is on its way, nothing is lost.
+        return "unindexed" if indexed_before(home, self.engine.name) else "pending"
 
     async def recall(self, user: str, query: str) -> Recalled:
         return await self.engine.recall(self.home(user), query)

@@ -32,15 +32,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from recall.concurrency import BoundedRuns
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE, Recalled
+from recall.engines.base import OUTCOMES, Recalled
+from recall.engines.base import outcome as answer_outcome
 
 PREFIX = "recall_server_"
 # A `_created` timestamp series beside every counter and histogram only doubles the page (and
 # Prometheus tells resets by itself): off. The switch is process-wide, like the setting it is.
 disable_created_metrics()
-# The recall outcomes, by the fixed answer each gives the agent; anything else is passages.
-OUTCOMES = {NO_MEMORY: "no_memory", NOTHING_FOUND: "nothing_found", UNAVAILABLE: "unavailable"}
-TIMEOUT, PASSAGES = "timeout", "passages"
+# The recall outcomes: base.outcome's (by the fixed answer each gives the agent), or a timeout.
+TIMEOUT = "timeout"
 # Index runs take from well under a second (a post) to INDEX_TIMEOUT (300 s by default).
 INDEX_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, float("inf"))
 
@@ -99,7 +99,7 @@ class Metrics:
             ["outcome"],
             registry=registry,
         )
-        for outcome in (PASSAGES, *OUTCOMES.values(), TIMEOUT):  # every outcome shows, from 0
+        for outcome in ("passages", *OUTCOMES.values(), TIMEOUT):  # every outcome shows, from 0
             self.recalls.labels(outcome)
             self.recall_seconds.labels(outcome)
         self.index_runs = Counter(
@@ -151,7 +151,7 @@ class Metrics:
             started = time.monotonic()
             _timed_out.set(False)
             answer = await search(*args)  # fails soft: never raises
-            outcome = TIMEOUT if _timed_out.get() else OUTCOMES.get(answer.text, PASSAGES)
+            outcome = TIMEOUT if _timed_out.get() else answer_outcome(answer)
             self.recalls.labels(outcome).inc()
             self.recall_seconds.labels(outcome).observe(time.monotonic() - started)
             return answer

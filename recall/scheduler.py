@@ -132,6 +132,11 @@ def mark_indexed(home: Path, engine: str, fingerprint: str) -> None:
     tmp.replace(marker)
 
 
+def indexed_before(home: Path, engine: str) -> bool:
+    """Whether a run of ``engine`` ever finished for this user (its marker is there)."""
+    return _marker(home, engine).is_file()
+
+
 def needs_index(home: Path, engine: str) -> bool:
     try:
         recorded = json.loads(_marker(home, engine).read_text())["sources"]

@@ -24,7 +24,7 @@ Turn = dict[str, Any]  # one stored line, funes format 1
 Receipt = dict[str, Any]
 AuditLine = dict[str, Any]
 Mark = Any  # what `mark` returns and `erased_since` compares: opaque to the server
-MemoryState = Literal["none", "unindexed", "ready"]
+MemoryState = Literal["none", "pending", "unindexed", "ready"]
 
 
 class StoreUnavailable(Exception):
@@ -136,8 +136,9 @@ class Store(Protocol):
     # --- search -----------------------------------------------------------------------------
 
     async def state(self, user: str) -> MemoryState:
-        """ "none": nothing stored; "unindexed": stored, but no index recall can read yet;
-        "ready"."""
+        """ "none": nothing stored; "pending": stored, and no index run has finished yet (the
+        first is on its way); "unindexed": stored, but the index that was built cannot be read
+        (gone, corrupt, built by another model): a loss; "ready"."""
         ...
 
     async def recall(self, user: str, query: str) -> Recalled:

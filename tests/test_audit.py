@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from conftest import Backing, FakeFunes, Server, conversation, make_server
 
-from recall.audit import AUDIT_FILE
-from recall.engines.base import NO_MEMORY
+from recall.audit import AUDIT_FILE, entry
+from recall.engines.base import NEVER_MENTIONED, NO_MEMORY, NOT_YET, Passage, Recalled
 
 
 def post_audit(server: Server, body: Any, key: str | None = "default") -> tuple[int, Any]:
@@ -168,3 +168,15 @@ async def test_a_recall_that_overlapped_an_erase_answers_none_of_it_and_leaves_n
     assert answer == NO_MEMORY
     assert post_audit(funes_server, {"user": "alice"}) == (200, {"entries": []})
     assert not (funes_server.home("alice") / AUDIT_FILE).exists()
+
+
+def test_the_outcome_of_an_answer_is_named_by_what_it_shows() -> None:
+    # An answer that only names identifiers no conversation mentions served nothing; the
+    # not-yet answer is its own outcome; passages after the note are passages
+    note = NEVER_MENTIONED.format("P-7")
+    shown = Recalled(
+        note + "\n[...]", (Passage("c1", "t1", "2026-10-08T09:00:00Z", "user", 38, 43),)
+    )
+    assert entry(None, "P-7", Recalled(note))["outcome"] == "nothing_found"
+    assert entry(None, "P-7", Recalled(NOT_YET))["outcome"] == "not_yet"
+    assert entry(None, "P-7 K-2", shown)["outcome"] == "passages"

@@ -210,3 +210,41 @@ def test_cli_writes_bodies_and_questions(tmp_path) -> None:
     assert [json.loads(line) for line in lines] == expected.conversations
     assert len(questions) == 100
     assert set(questions[0]) == {"question", "short_query", "answer", "conversation_id", "kind"}
+
+
+def test_month_questions_name_the_subject_by_a_month_other_than_their_conversations(
+    large: History,
+) -> None:
+    # Given the history's month questions (issue 23: "the July delivery", asked as a subject)
+    texts = _texts(large)
+    dated = {body["conversation_id"]: body["turns"][0]["ts"][5:7] for body in large.conversations}
+    asked = {q.conversation_id for q in large.questions}
+
+    assert len(large.month_questions) == 20
+    for q in large.month_questions:
+        month = next(m for m in history.MONTHS if f"the {m} delivery" in q.question)
+        # Then each names a month the conversation is not dated in, its answer is in its own
+        # conversation only, and no other question asks about that conversation
+        assert f"{history.MONTHS.index(month) + 1:02d}" != dated[q.conversation_id]
+        assert [cid for cid, text in texts.items() if q.answer in text] == [q.conversation_id]
+        assert q.kind == "month" and q.conversation_id not in asked
+
+
+def test_month_questions_leave_the_rest_of_the_history_as_drawn(large: History) -> None:
+    # Given the same history drawn without them
+    original = history.add_month_subjects
+    history.add_month_subjects = lambda *args, **kwargs: []  # type: ignore[assignment]
+    try:
+        plain = generate(1000)
+    finally:
+        history.add_month_subjects = original
+    # Then only the turns that now hold a month fact differ, and the questions are the same
+    changed = [
+        (a["id"], b["text"])
+        for one, other in zip(plain.conversations, large.conversations, strict=True)
+        for a, b in zip(one["turns"], other["turns"], strict=True)
+        if a != b
+    ]
+    assert len(changed) == len(large.month_questions)
+    assert all("delivery for" in text for _, text in changed)
+    assert plain.questions == large.questions

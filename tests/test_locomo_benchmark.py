@@ -21,7 +21,7 @@ from benchmark.locomo import (
 )
 from benchmark.report import write_report
 from recall.conversations import parse_conversation
-from recall.engines.base import NOTHING_FOUND
+from recall.engines.base import NEAR_MISSES, NEVER_MENTIONED, NOTHING_FOUND
 
 POTTERY = "I moved to   Valparaiso last spring for a POTTERY apprenticeship with a master glazer."
 
@@ -188,10 +188,28 @@ def test_scores_per_category_with_evidence_recall_and_false_positives() -> None:
     assert rows["multi-hop"]["hit@3"] == 0.0
     assert rows["overall"]["hit@3"] == 0.667 and rows["overall"]["evidence_recall@3"] == 0.444
     fp = figures["false_positive"]
-    assert fp["k3"]["adversarial"] == {"queries": 1, "rate": 1.0}
+    assert fp["k3"]["adversarial"] == {"queries": 1, "rate": 1.0, "near_miss_rate": 0.0}
     assert fp["k3"]["unseen_entities"]["rate"] == 0.0
     assert fp["k8"]["unseen_entities"]["rate"] == 1.0
     assert fp["k8"]["all"]["queries"] == 1 + len(history.off_topic)
+
+
+def test_near_misses_under_their_label_are_counted_apart_from_false_positives() -> None:
+    history = to_history(sample())
+    block = f"[2023-05-08 13:56 UTC] user\nAda: {POTTERY}\n---\n"
+    unknown = NEVER_MENTIONED.format("INV-20931")
+    near = f"{unknown}\n{NEAR_MISSES.format('INV-20931')}\n{block}"
+    # the off-topic queries: one near miss, one note alone, one match after a note, the rest none
+    off_topic = [near, unknown, f"{unknown}\n{block}"]
+    off_topic += [NOTHING_FOUND] * (len(history.off_topic) - len(off_topic))
+    got = [NOTHING_FOUND] * 4 + off_topic
+    answers = {k: {history.user: Answers(got, [1.0] * len(got))} for k in (3, 8)}
+
+    fp = score([history], answers)["figures"]["false_positive"]["k3"]["unseen_entities"]
+
+    # only the passage shown as a match is a false positive; the labelled one is a near miss
+    assert fp["rate"] == round(1 / len(history.off_topic), 3)
+    assert fp["near_miss_rate"] == round(1 / len(history.off_topic), 3)
 
 
 def test_the_misses_are_kept_out_of_the_committed_figures() -> None:

@@ -18,7 +18,7 @@ from conftest import ROOT, Backing, Server, conversation, make_server, wait_for
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 
 from recall.conversations import conversation_ref, user_dir_name
-from recall.engines.base import NO_MEMORY
+from recall.engines.base import NEVER_MENTIONED, NO_MEMORY
 
 STATIC = ROOT / "recall" / "static"
 ALICE_SYNC = conversation(
@@ -136,7 +136,10 @@ def test_each_user_reaches_only_their_own_conversation_under_an_id_both_use(
         assert own in sync["first_line"] and sync["turns"] == 2
         assert all(other not in json.dumps(c) for c in listed)
         assert own in one["turns"][0]["text"] and other not in json.dumps(one)
-        assert own in found["answer"] and other not in found["answer"]
+        # (the answer names the other's id only as the query's own, never held by this user)
+        assert own in found["answer"] and other not in json.dumps(found["passages"])
+        assert found["answer"].startswith(NEVER_MENTIONED.format(other) + "\n")
+        assert other not in found["answer"].partition("\n")[2]
 
 
 def leads_to(user: str, conversation_id: str, seq: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pytest
 from test_embedded_engine import CORPUS, hits, post
 
 from recall.embedder import OnnxEmbedder, load_embedder
+from recall.engines.base import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED
 from recall.engines.embedded import EmbeddedEngine, Query, db_path
 from recall.engines.embedded.search import Lexical, common_floor, order_pool, top_hits
 from recall.engines.embedded.store import (
@@ -150,15 +151,33 @@ async def test_a_query_about_something_never_discussed_finds_nothing(
 ) -> None:
     engine = EmbeddedEngine(embedder, k=3, candidates=8)
 
-    # When the user asks about a topic and an identifier the history never mentions
-    unrelated = (
-        await engine.recall(memory, "What did the vet say about the parrot's feathers?")
-    ).text
-    unknown_id = (await engine.recall(memory, "ticket MT-5120 for motor P-7")).text
+    # When the user asks about a topic and identifiers the history never mentions
+    unrelated = await engine.recall(memory, "What did the vet say about the parrot's feathers?")
+    unknown_id = await engine.recall(memory, "ticket MT-5120 for motor P-7")
 
-    # Then nothing comes back (the server answers "Nothing relevant found ...")
-    assert unrelated == ""
-    assert unknown_id == ""
+    # Then no passage comes back (the server answers "Nothing relevant found ..."); for the
+    # identifiers, the answer says which ones no conversation mentions
+    assert unrelated.text == ""
+    assert unknown_id.text == NEVER_MENTIONED.format("MT-5120 or P-7")
+    assert unknown_id.passages == ()
+
+
+async def test_a_never_mentioned_identifier_is_named_and_its_closest_passages_labelled_no_match(
+    embedder: OnnxEmbedder, memory: Path
+) -> None:
+    engine = EmbeddedEngine(embedder, k=3, candidates=8)
+
+    # When the query names an identifier no conversation holds, but its other words match a
+    # passage strongly (a mix-up of MT-4471's number)
+    answer = await engine.recall(memory, "MT-5120 mobile app login timeouts owner")
+
+    # Then the answer says so first, labels what follows as no match, and still shows the
+    # closest passage, at most k of them
+    lines = answer.text.splitlines()
+    assert lines[0] == NEVER_MENTIONED.format("MT-5120")
+    assert lines[1] == NEAR_MISSES.format("MT-5120")
+    assert "MT-4471 tracks the login timeouts" in hits(answer.text)[0]
+    assert 1 <= len(answer.passages) <= 3
 
 
 async def test_related_questions_still_find_their_passages(
@@ -170,8 +189,9 @@ async def test_related_questions_still_find_their_passages(
     paraphrase = (await engine.recall(memory, "who looks after the broken cooling upstairs?")).text
     known_id = (await engine.recall(memory, "MT-4471 or MT-9999 owner")).text
 
-    # Then the passages are found
+    # Then the passages are found, as matches; the unknown one is named
     assert any("Marcus Lee" in block for block in hits(paraphrase))
+    assert known_id.startswith(NEVER_MENTIONED.format("MT-9999") + "\n[")
     assert "Priya Raman" in hits(known_id)[0]
 
 
@@ -179,6 +199,20 @@ async def test_the_relevance_floor_can_be_turned_off(embedder: OnnxEmbedder, mem
     engine = EmbeddedEngine(embedder, k=3, candidates=8, min_similarity=0.0)
     answer = (await engine.recall(memory, "What did the vet say about the parrot's feathers?")).text
     assert len(hits(answer)) == 3
+
+
+def test_a_month_that_names_the_subject_is_no_date_but_one_that_tells_the_time_is() -> None:
+    # A month right before a noun, no time word before it: part of what is asked about
+    assert Query.parse("the July pallets").months == ()
+    assert Query.parse("What was wrong with the March delivery to Ashford?").months == ()
+    assert Query.parse("Ashford September delivery shortfall").months == ()
+    # A month after a time word, before a year or a day, or on its own: a time
+    assert Query.parse("back in January").months == ((None, 1),)
+    assert Query.parse("when did we order pallets in May 2023").months == ((2023, 5),)
+    assert Query.parse("the painting shown on October 13, 2023").months == ((None, 10),)
+    assert Query.parse("Back in January we talked about the September delivery").months == (
+        (None, 1),
+    )
 
 
 def test_months_named_in_a_query_are_read_with_their_year_and_may_needs_one() -> None:
@@ -219,6 +253,82 @@ async def test_a_month_named_in_the_query_lifts_that_months_turn_but_filters_not
         assert first(((None, 10),)) == "review-march"
     finally:
         con.close()
+
+
+async def test_a_turn_naming_the_month_asked_about_counts_as_much_as_one_dated_in_it(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given a turn dated in July and one dated in September that names July, the latter a
+    # little ahead after fusion
+    home = tmp_path / "user"
+    post(home, "dated", "2026-07-10T09:00:00Z", [("user", "The delivery came 40 pallets short.")])
+    post(home, "named", "2026-09-09T09:00:00Z", [("user", "The delivery in July came 12 short.")])
+    await EmbeddedEngine(embedder).index(home)
+    con = connect(db_path(home), create=False)
+    try:
+        rows = dict(con.execute("SELECT conv, id FROM chunks").fetchall())
+        fused = {rows["named"]: 0.0250, rows["dated"]: 0.0245}
+
+        # When the query asks about July as a time
+        months = Query.parse("how short did the delivery come in July?").months
+        found = top_hits(
+            candidate_rows(con, fused), fused, k=1, newest=0.0, half_life_days=0.0, months=months
+        )
+    finally:
+        con.close()
+
+    # Then the turn whose text names July is lifted as much as the one dated in July
+    assert found[0].conv == "named"
+
+
+async def test_a_month_naming_the_subject_lifts_no_turn_dated_in_it_above_the_one_naming_it(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given the July delivery's shortfall told in September, and July's chats at the same site
+    home = tmp_path / "user"
+    fact = "The July delivery for Ashford came 12 pallets short, Dana is chasing it."
+    post(home, "fact", "2026-09-09T09:00:00Z", [("user", fact), ("assistant", "Noted.")])
+    for day in range(1, 6):
+        turns = [
+            ("user", f"Quick update from Ashford, pallets stacked on day {day}."),
+            ("assistant", "Okay."),
+        ]
+        post(home, f"july-{day}", f"2026-07-0{day}T09:00:00Z", turns)
+    engine = EmbeddedEngine(embedder, k=1, candidates=8)
+    await engine.index(home)
+
+    # When the question names July as the delivery's, not as a time
+    answer = await engine.recall(home, "What was wrong with the July delivery for Ashford?")
+
+    # Then the turn that names it comes first: July's own turns are not lifted over it
+    assert "12 pallets short" in hits(answer.text)[0]
+
+
+async def test_the_last_line_says_when_clearly_more_passages_match_than_are_shown(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given five chats that each hold open follow-ups, and chats about other things
+    home = tmp_path / "user"
+    for n in range(5):
+        turns = [("user", f"Open follow-ups from the review {n}: call the vendor, fix invoice."),
+                 ("assistant", "Noted.")]  # fmt: skip
+        post(home, f"review-{n}", f"2026-03-0{n + 1}T09:00:00Z", turns)
+    for n in range(6):
+        turns = [("user", f"The lunch menu on day {n} was soup."), ("assistant", "Nice.")]
+        post(home, f"lunch-{n}", f"2026-04-0{n + 1}T09:00:00Z", turns)
+    engine = EmbeddedEngine(embedder, k=3, candidates=8)
+    await engine.index(home)
+
+    # When the agent asks for the open follow-ups (three passages shown), and for a lunch
+    listed = await engine.recall(home, "open follow-ups from the review")
+    single = await engine.recall(home, "what soup was on the lunch menu on day 4")
+
+    # Then the first answer's last line says that two more match and how to find them; the
+    # second, with nothing else matching as fully, has no such line
+    assert len(listed.passages) == 3
+    assert listed.text.endswith(MORE_MATCH.format(2) + "\n")
+    assert listed.passages[-1].end < len(listed.text)
+    assert "more passages match" not in single.text
 
 
 async def test_a_turn_next_to_a_better_hit_gives_its_place_to_another_passage(

@@ -6,8 +6,9 @@ change to docs/CONTRACTS.md and must be made on purpose.
 
 from __future__ import annotations
 
+from recall.engines.base import MORE_MATCH
 from recall.engines.embedded.render import render
-from recall.engines.embedded.search import Hit
+from recall.engines.embedded.search import Hit, Notes
 from recall.engines.embedded.store import Neighbour
 from recall.engines.embedded.text import Query
 
@@ -147,3 +148,33 @@ def test_turns_further_away_follow_in_order_and_give_way_first_when_room_is_shor
     assert f"  ~ after (user): {near_after}\n" in tight
     assert "Morning!" not in tight and "Anytime." not in tight
     assert len(tight) <= 356
+
+
+def test_the_notes_come_before_and_after_the_blocks_and_the_spans_still_point_at_them() -> None:
+    # Given one hit, a query naming an identifier no conversation mentions, and two more that
+    # match as fully as those shown
+    notes = Notes(unknown=("MT-5120",), near_misses=True)
+    more = Notes(more=2)
+
+    # When they are rendered, under a cap
+    near = render([(LATER, [])], Query.parse("MT-5120 release"), 400, USER, notes)
+    listed = render([(LATER, [])], Query.parse("release"), 400, USER, more)
+    none = render([], Query.parse("MT-5120 release"), 400, USER, Notes(unknown=("MT-5120",)))
+
+    # Then the never-mentioned line and the near-miss label lead, the "more" line ends the
+    # answer, each passage's span is its block, and without a passage only the first line is left
+    block = (
+        f"[2026-03-05 07:30 UTC] user · {REF} turn 5\nPriya says MT-4471 ships in release 3.2.\n"
+        "---\n"
+    )
+    assert near.text == (
+        "No earlier conversation mentions MT-5120.\n"
+        "Not a match: the passages closest to the rest of the query, none of them about "
+        "MT-5120:\n" + block
+    )
+    assert near.text[near.passages[0].start : near.passages[0].end] == block
+    assert listed.text == block + MORE_MATCH.format(2) + "\n"
+    assert (listed.passages[0].start, listed.passages[0].end) == (0, len(block))
+    assert none.text == "No earlier conversation mentions MT-5120."
+    assert none.passages == ()
+    assert all(len(answer.text) <= 400 for answer in (near, listed))

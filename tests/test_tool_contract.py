@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Backing, Server, conversation, make_server
+from conftest import Backing, FakeFunes, Server, conversation, make_server
 from fastmcp import Client
 
 from recall.conversations import conversation_ref, user_dir_name
+from recall.engines.base import NOT_YET, UNAVAILABLE
+from recall.engines.embedded import db_path
 
 
 @pytest.fixture
@@ -109,3 +111,33 @@ async def test_a_read_reaches_the_client_once_as_text_with_no_structured_copy(
     assert result.structured_content is None
     assert [block.type for block in result.content] == ["text"]
     assert wire.count("MT-4471 is open on the K-2 compressor") == 1
+
+
+@pytest.mark.parametrize("engine", ["embedded", "funes"])
+async def test_the_first_search_before_the_first_index_run_ends_says_not_yet_without_a_warning(
+    tmp_path: Path, backing: Backing, fake_funes: FakeFunes, engine: str
+) -> None:
+    if engine == "funes" and backing.name == "postgres":
+        pytest.skip("the PostgreSQL store searches with the embedded ranking only")
+    settings = {"ENGINE": engine, "FUNES_BIN": str(fake_funes.path), **backing.settings}
+    # Given a server whose index runs wait a long debounce after a post
+    with make_server(tmp_path, INDEX_DEBOUNCE="30", **settings).start() as server:
+        # When alice's agent searches right after her first post
+        body = conversation("alice", "c1", "ticket MT-4471 is open on the K-2 compressor")
+        assert server.post(body)[0] == 202
+        answer = await server.recall("alice", "MT-4471")
+        # Then it hears that her memory is not searchable yet, no failure, and no warning is
+        # logged
+        assert answer == NOT_YET
+        assert "WARNING" not in server.log()
+
+
+async def test_a_lost_index_still_answers_unavailable_and_warns(tmp_path: Path) -> None:
+    with make_server(tmp_path, ENGINE="embedded").start() as server:
+        # Given alice's index built once, then deleted behind the server's back
+        assert server.post(conversation("alice", "c1", "ticket MT-4471 is open"))[0] == 202
+        server.wait_indexed("alice")
+        db_path(server.home("alice")).unlink()
+        # When her agent searches, the answer fails soft and the loss is logged as a warning
+        assert await server.recall("alice", "MT-4471") == UNAVAILABLE
+        assert "no readable index; rebuilding" in server.log()

@@ -18,6 +18,21 @@ from typing import Protocol
 NO_MEMORY = "No earlier conversations are stored for this user yet."
 NOTHING_FOUND = "Nothing relevant found in earlier conversations."
 UNAVAILABLE = "Conversation memory is unavailable right now; continue without it."
+# Stored, but the first index run has not finished yet (not a failure: it is on its way).
+NOT_YET = (
+    "Earlier conversations are not searchable yet: they are still being indexed. Try again in a "
+    "few seconds."
+)
+# The answer's own lines beside its passages (the embedded ranking's; docs/CONTRACTS.md).
+# The query names identifiers that no stored conversation holds (as written, "P-7"):
+NEVER_MENTIONED = "No earlier conversation mentions {}."
+# ... and the passages that follow are only the closest to the rest of the query:
+NEAR_MISSES = "Not a match: the passages closest to the rest of the query, none of them about {}:"
+# Clearly more passages match than are shown (the last line):
+MORE_MATCH = (
+    "At least {} more passages match as well as these and are not shown: ask narrower queries "
+    "(add a name, a place, a date or an identifier) to see them."
+)
 
 
 class EngineError(Exception):
@@ -55,6 +70,21 @@ class Recalled:
             replace(p, end=min(p.end, max_chars)) for p in self.passages if p.start < max_chars
         )
         return Recalled(self.text[:max_chars], kept)
+
+
+# The fixed answers by name: the outcome of a recall in the audit and in /metrics.
+OUTCOMES = {
+    NO_MEMORY: "no_memory",
+    NOTHING_FOUND: "nothing_found",
+    UNAVAILABLE: "unavailable",
+    NOT_YET: "not_yet",
+}
+
+
+def outcome(answer: Recalled) -> str:
+    """A fixed answer's name; else "passages" when it shows any, "nothing_found" when it only
+    says which identifiers no conversation mentions."""
+    return OUTCOMES.get(answer.text) or ("passages" if answer.passages else "nothing_found")
 
 
 class Engine(Protocol):

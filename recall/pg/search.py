@@ -46,12 +46,14 @@ from recall.engines.embedded.search import (
     Candidate,
     Hit,
     Lexical,
+    Notes,
     Pooled,
     common_floor,
     dense,
     fuse,
     known_counts,
     lexical,
+    notes,
     nothing_relevant,
     order_pool,
     searched_terms,
@@ -129,14 +131,17 @@ class PgSearch:
         async with self.db.user(user_hash, read_only=True) as conn:
             cur = await conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM conversations WHERE user_hash = %s),"
-                " EXISTS (SELECT 1 FROM users WHERE user_hash = %s AND built_by = %s)"
-                " AND EXISTS (SELECT 1 FROM indexed WHERE user_hash = %s)",
-                (user_hash, user_hash, self.wanted, user_hash),
+                " EXISTS (SELECT 1 FROM indexed WHERE user_hash = %s),"
+                " EXISTS (SELECT 1 FROM users WHERE user_hash = %s AND built_by = %s)",
+                (user_hash, user_hash, user_hash, self.wanted),
             )
-            stored, indexed = await cur.fetchone() or (False, False)
-        if indexed:
+            stored, indexed, current = await cur.fetchone() or (False, False, False)
+        if indexed and current:
             return "ready"
-        return "unindexed" if stored else "none"
+        if not stored:
+            return "none"
+        # No indexed row yet: the first run is on its way. Rows by another model: a rebuild.
+        return "unindexed" if indexed else "pending"
 
     async def recall(self, user_hash: str, text: str) -> Recalled:
         """The answer for ``text`` ("" when nothing matches); EngineError when the user's index
@@ -146,9 +151,9 @@ class PgSearch:
         query = Query.parse(text)  # once: the search and the rendering read the same analysis
         qvec, stems = await run_in(self._pool, self._analyse, query)
         for _ in range(MAX_TRIES):
-            forgets, found = await self._search(user_hash, query, qvec, stems)
+            forgets, found, said = await self._search(user_hash, query, qvec, stems)
             if await self._forgets(user_hash) == forgets:
-                return render(found, query, self.max_chars, user_hash)
+                return render(found, query, self.max_chars, user_hash, said)
         raise RecallRaced("recall overlapped a forget on every try")
 
     def _analyse(self, query: Query) -> tuple[np.ndarray, list[list[str]]]:
@@ -165,8 +170,9 @@ class PgSearch:
 
     async def _search(
         self, user_hash: str, query: Query, qvec: np.ndarray, stems: list[list[str]]
-    ) -> tuple[int | None, Found]:
-        """One try, in one snapshot: the forgets it saw, and its hits with their neighbours."""
+    ) -> tuple[int | None, Found, Notes]:
+        """One try, in one snapshot: the forgets it saw, its hits with their neighbours, and
+        the answer's notes."""
         try:
             async with self.db.user(user_hash, read_only=True, repeatable=True) as conn:
                 cur = await conn.execute(
@@ -176,17 +182,17 @@ class PgSearch:
                 )
                 row = await cur.fetchone()
                 if row is None:
-                    return None, []
+                    return None, [], Notes()
                 forgets, built, passages, tokens, generation = row
                 if passages == 0:
-                    return forgets, []
+                    return forgets, [], Notes()
                 if built != self.wanted:
                     raise EngineError("index built by another schema or model")
                 vectors = await self._vectors(conn, user_hash, str(generation))
-                hits = await self._rank(
+                hits, said = await self._rank(
                     conn, user_hash, query, qvec, stems, vectors, passages, tokens
                 )
-                return forgets, await self._with_neighbours(conn, user_hash, hits)
+                return forgets, await self._with_neighbours(conn, user_hash, hits), said
         except psycopg.DataError as exc:  # e.g. vectors of another dimension than the query's
             raise EngineError(f"index unreadable: {type(exc).__name__}") from exc
 
@@ -232,7 +238,7 @@ class PgSearch:
         vectors: Vectors,
         passages: int,
         tokens: int,
-    ) -> list[Hit]:
+    ) -> tuple[list[Hit], Notes]:
         """EmbeddedEngine._search over this user's rows."""
         similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
         by_words = (
@@ -242,7 +248,7 @@ class PgSearch:
         )
         by_meaning, best_similarity = dense(vectors.ids, similarity, self.candidates)
         if nothing_relevant(by_words, best_similarity, self.min_similarity):
-            return []
+            return [], notes(query, by_words)
         by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=self.candidates)
         fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
         cur = await conn.execute(
@@ -251,8 +257,9 @@ class PgSearch:
             (user_hash, list(fused)),
         )
         rows = await cur.fetchall()
-        return top_hits(
-            [Candidate(*row[:8], row[8].split()) for row in rows],
+        candidates = [Candidate(*row[:8], row[8].split()) for row in rows]
+        hits = top_hits(
+            candidates,
             fused,
             k=self.k,
             newest=vectors.newest,
@@ -260,6 +267,7 @@ class PgSearch:
             months=query.months,
             ids=query.ids,
         )
+        return hits, notes(query, by_words, candidates, hits)
 
     async def _lexical(
         self,

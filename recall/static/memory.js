@@ -23,6 +23,7 @@
     no_memory: "No conversations were stored yet.",
     unavailable: "Your memory was unavailable at that moment; nothing was given.",
     not_found: "No conversation of yours had that reference (or it was forgotten).",
+    not_yet: "Your conversations were still being indexed; nothing was given.",
   };
 
   // What a title or a first line shows: under the server's cut (FIRST_LINE_CHARS, 160), so every

@@ -36,9 +36,11 @@ from recall.engines.embedded.search import (
     MIN_SIMILARITY,
     Hit,
     Lexical,
+    Notes,
     common_floor,
     dense,
     fuse,
+    notes,
     nothing_relevant,
     order_pool,
     top_hits,
@@ -241,7 +243,7 @@ class EmbeddedEngine:
             con = connect(path, create=False)
             try:
                 con.execute("BEGIN")  # one snapshot for the matrix, the FTS and the rows
-                hits = self._search(con, str(path), query)
+                hits, said = self._search(con, str(path), query)
                 with_neighbours = [
                     (hit, neighbours(con, hit.conv, hit.seq, NEIGHBOURS)) for hit in hits
                 ]
@@ -253,9 +255,9 @@ class EmbeddedEngine:
         # A forget that overlapped this recall may have deleted rows after our snapshot began.
         if hidden := self._forgetting.hidden(home, started):
             with_neighbours = [(h, n) for h, n in with_neighbours if h.conv not in hidden]
-        return render(with_neighbours, query, self.max_chars, home.name)
+        return render(with_neighbours, query, self.max_chars, home.name, said)
 
-    def _search(self, con: sqlite3.Connection, key: str, query: Query) -> list[Hit]:
+    def _search(self, con: sqlite3.Connection, key: str, query: Query) -> tuple[list[Hit], Notes]:
         vectors = self._vectors(con, key)
         # Both legs on this thread, one after the other. BM25 on a thread of its own, beside the
         # embedding, saved a single recall 2 ms; under load the hand-off cost more than that
@@ -269,11 +271,12 @@ class EmbeddedEngine:
         similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
         by_meaning, best_similarity = dense(vectors.ids, similarity, self.candidates)
         if nothing_relevant(by_words, best_similarity, self.min_similarity):
-            return []
+            return [], notes(query, by_words)
         by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=self.candidates)
         fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
-        return top_hits(
-            candidate_rows(con, fused),
+        rows = candidate_rows(con, fused)
+        hits = top_hits(
+            rows,
             fused,
             k=self.k,
             newest=vectors.newest,
@@ -281,6 +284,7 @@ class EmbeddedEngine:
             months=query.months,
             ids=query.ids,
         )
+        return hits, notes(query, by_words, rows, hits)
 
     def _vectors(self, con: sqlite3.Connection, key: str) -> Vectors:
         """The user's matrix from the cache, reloaded when an index run changed the db.

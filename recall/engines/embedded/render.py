@@ -14,6 +14,9 @@ Each hit, best first, is one block:
 - The header is the turn's time in UTC, its role, and where `read_my_conversation` reads it whole:
   the conversation's reference and the turn's number (recall/reading.py); no conversation ids,
   chunk ids or paths.
+- The answer's notes (search.Notes), when there are any, come before the first block (the
+  identifiers no conversation mentions; the near-miss label) and after the last (clearly more
+  passages match than are shown), each on a line of its own; the blocks share what they leave.
 - The whole answer is at most ``max_chars`` characters. Each hit gets a fair share of what the
   ones before it left; a hit that cannot fit a useful line is left out.
 - Up to NEIGHBOURS turns before and after the hit's follow it, in conversation order.
@@ -32,33 +35,53 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from recall.conversations import place
-from recall.engines.base import Passage, Recalled
-from recall.engines.embedded.search import Hit
+from recall.engines.base import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED, Passage, Recalled
+from recall.engines.embedded.search import Hit, Notes
 from recall.engines.embedded.store import Neighbour
 from recall.engines.embedded.text import Query
 
 NEIGHBOURS = 4  # turns shown before and after each hit, nearest first when room is short
 NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shortened
 ELLIPSIS = "…"
+NO_NOTES = Notes()
 
 
 def render(
-    hits: list[tuple[Hit, list[Neighbour]]], query: Query, max_chars: int, user: str
+    hits: list[tuple[Hit, list[Neighbour]]],
+    query: Query,
+    max_chars: int,
+    user: str,
+    notes: Notes = NO_NOTES,
 ) -> Recalled:
-    """The hits in order, each given a fair share of what the ones before it left; each shown
-    hit is a passage, its span its block. ``user`` (the user's hash) makes the references."""
-    out: list[str] = []
+    """The hits in order, each given a fair share of what the ones before it left, between the
+    notes' lines; each shown hit is a passage, its span its block. ``user`` (the user's hash)
+    makes the references."""
+    lead, tail = _note_lines(notes, bool(hits))
+    out: list[str] = [lead]
     shown: list[Passage] = []
-    remaining = max_chars
+    remaining = max_chars - len(lead) - len(tail)
     for n, (hit, neighbours) in enumerate(hits):
         where = place(user, hit.conv, hit.seq)
         block = _render_hit(hit, where, neighbours, query.focus, remaining // (len(hits) - n))
         if block:
-            start = max_chars - remaining
+            start = len("".join(out))
             shown.append(Passage(hit.conv, hit.turn, hit.ts, hit.role, start, start + len(block)))
         out.append(block)
         remaining -= len(block)
+    if not shown:  # no passage (or none fitted): only what no conversation mentions, if any
+        return Recalled(_note_lines(notes, False)[0].rstrip("\n"))
+    out.append(tail)
     return Recalled("".join(out), tuple(shown)).cut(max_chars)
+
+
+def _note_lines(notes: Notes, any_hits: bool) -> tuple[str, str]:
+    """The lines before the first block and after the last."""
+    named = " or ".join(", ".join(notes.unknown).rsplit(", ", 1))
+    lead = NEVER_MENTIONED.format(named) + "\n" if notes.unknown else ""
+    if notes.near_misses and any_hits:
+        lead += NEAR_MISSES.format(named) + "\n"
+    tail = MORE_MATCH.format(notes.more) + "\n" if notes.more else ""
+    return lead, tail
 
 
 def _render_hit(

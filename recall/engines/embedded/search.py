@@ -2,9 +2,12 @@
 
     query -> lexical leg (BM25, re-ordered by rarity-weighted coverage, then meaning)
           + dense leg (cosine over the matrix)
-          -> nothing relevant? (no known identifier, or weak on both legs) -> no hits
+          -> nothing relevant? (weak on both legs; or no identifier asked for is in the history
+             and the rest of the query is weak too) -> no hits
           -> weighted reciprocal rank fusion -> optional recency, month named, ids held
           -> top k hits, never two adjacent turns (the second is the first's neighbour)
+          -> notes: the identifiers no conversation holds, whether the hits are near misses,
+             how many more passages match as fully as those shown (render.py words them)
 
 The knobs below were measured on the benchmark; their figures are recorded once, in
 benchmark/README.md, "What moved the numbers". Change one only with a run of that benchmark.
@@ -22,7 +25,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from recall.engines.embedded.text import ID_COVERAGE, Query, common_count, coverage, is_common
+from recall.engines.embedded.text import (
+    ID_COVERAGE,
+    NON_WORD,
+    WORD,
+    Query,
+    common_count,
+    coverage,
+    identifiers,
+    is_common,
+    names_month,
+)
 
 # Fusion: ranks, not scores, are fused (BM25 and cosine live on different scales); 60 is the usual
 # reciprocal-rank constant. The dense leg at half weight: a passage only the model finds cannot
@@ -46,9 +59,20 @@ COMMON_SHARE, COMMON_MIN = 0.02, 200
 # whose identifiers the history never contains.
 MIN_SIMILARITY = 0.3
 MIN_COVERED = 0.34
-# A turn from a month the query names ("in May 2023", "back in January") scores 1 + MONTH_BOOST
-# times as much: it reorders the pool, never filters it (filters lost recall wherever tried).
+# No identifier the query names is in the history: its closest passages are still shown, as near
+# misses under their own label, when the rest of the query matches well (a passage covering at
+# least this share of the rest, and the model finding one at least MIN_SIMILARITY close).
+NEAR_MISS_COVERED = 0.5
+# A turn from a month the query names as a time ("in May 2023", "back in January"), or whose text
+# names that month as a time ("in July", not "the July delivery"), scores 1 + MONTH_BOOST times as
+# much: it reorders the pool, never filters it (filters lost recall wherever tried). A month
+# naming the subject lifts nothing (text.py).
 MONTH_BOOST = 1.0
+# "Clearly more match": at least MORE_MIN passages the ranking read but left out (neither shown
+# nor next to a shown one) cover the query as fully as the best shown one (MORE_SHARE of its
+# covered share, itself at least MIN_COVERED). The answer's last line then says so.
+MORE_MIN = 2
+MORE_SHARE = 0.9
 # A turn holding every identifier the query names scores 1 + ID_BOOST times as much: the exact id
 # is the strongest evidence there is, and without it a run of similar ids (KX-1011, KX-1013) that
 # the model finds alike could outvote the one asked for in the fusion.
@@ -91,6 +115,7 @@ class Lexical:
     pool: list[int]  # the BM25 rows, best first
     shares: list[float]  # the share of the query's weight each pooled row covers, 0 to 1
     unknown_ids: bool  # the query names identifiers and the history holds none of them
+    unknown: tuple[str, ...] = ()  # the query's identifier forms the history never holds
 
     @property
     def covered(self) -> float:
@@ -129,8 +154,16 @@ def lexical(
     history, so a name that occurs in every turn counts for little and a rare noun for much.
     """
     weights = {term: idf(passages, min(count, passages)) for term, count in counts.items()}
-    unknown_ids = bool(query.ids) and all(counts[i] == 0 for i in query.ids)
-    whole = sum((ID_COVERAGE if t in query.ids else 1) * weights[t] for t in query.terms)
+    unknown = tuple(dict.fromkeys(i for i in query.ids if counts[i] == 0))
+    unknown_ids = bool(query.ids) and len(unknown) == len(set(query.ids))
+    # With no identifier known, the shares are of the rest of the query (the ids and their
+    # parts no passage holds would only scale every share down): whether near misses show.
+    left_out = unknown_parts(query, counts) if unknown_ids else set()
+    whole = sum(
+        (ID_COVERAGE if t in query.ids else 1) * weights[t]
+        for t in query.terms
+        if t not in left_out
+    )
     return Lexical(
         pool=[row.id for row in rows],
         shares=[
@@ -138,7 +171,15 @@ def lexical(
             for row in rows
         ],
         unknown_ids=unknown_ids,
+        unknown=unknown,
     )
+
+
+def unknown_parts(query: Query, counts: Mapping[str, int]) -> set[str]:
+    """The query's identifier terms no passage holds: the joined forms and their word parts
+    ("mt5120", "5120"; "mt" stays when passages hold it)."""
+    parts = {w for token in identifiers(query.text.lower()) for w in WORD.findall(token)}
+    return {t for t in query.terms if (t in query.ids or t in parts) and counts.get(t) == 0}
 
 
 def order_pool(
@@ -184,10 +225,11 @@ def dense(ids: np.ndarray, scores: np.ndarray, candidates: int) -> tuple[list[in
 
 
 def nothing_relevant(by_words: Lexical, best_similarity: float, min_similarity: float) -> bool:
-    """Whether to answer "nothing found": the identifiers asked for are not in the history, or
-    neither leg found anything close (``min_similarity`` 0 turns the second rule off)."""
+    """Whether to answer with no passage: neither leg found anything close (``min_similarity``
+    0 turns the cosine's part off); or the identifiers asked for are not in the history and the
+    rest of the query does not match well enough for near misses."""
     if by_words.unknown_ids:
-        return True
+        return best_similarity < min_similarity or by_words.covered < NEAR_MISS_COVERED
     return best_similarity < min_similarity and by_words.covered < MIN_COVERED
 
 
@@ -247,8 +289,7 @@ def top_hits(
         for hit in hits:
             hit.score *= recency(max(newest - hit.epoch, 0.0) / 86_400, half_life_days)
     for hit in hits:
-        year, month = int(hit.ts[:4]), int(hit.ts[5:7])
-        if any(m == month and y in (None, year) for y, m in months):
+        if in_month(hit, months):
             hit.score *= 1 + MONTH_BOOST
     hits.sort(key=lambda h: (-h.score, h.id))
     # A turn right next to a better hit is already shown as that hit's neighbour: skip it, so
@@ -260,3 +301,56 @@ def top_hits(
             if len(chosen) == k:
                 break
     return chosen
+
+
+def in_month(hit: Hit, months: Sequence[tuple[int | None, int]]) -> bool:
+    """Whether a hit belongs to a (year or None, month) the query names as a time: dated in it,
+    or its text names the month as a time (in a turn of that year, or with the year written)."""
+    year, month = int(hit.ts[:4]), int(hit.ts[5:7])
+    return any(
+        (m == month and y in (None, year))
+        or (names_month(hit.text, m) and (y in (None, year) or str(y) in hit.text))
+        for y, m in months
+    )
+
+
+@dataclass(frozen=True)
+class Notes:
+    """What an answer says besides its passages (render.py words it)."""
+
+    unknown: tuple[str, ...] = ()  # the query's identifiers, as written, no conversation holds
+    near_misses: bool = False  # the passages only come closest to the rest of the query
+    more: int = 0  # passages left out that match as fully as the shown ones (0: not clearly more)
+
+
+def notes(
+    query: Query,
+    by_words: Lexical,
+    rows: Sequence[Candidate] = (),
+    chosen: Sequence[Hit] = (),
+) -> Notes:
+    """The notes of an answer: ``rows`` are the fused candidates the store read, ``chosen``
+    the hits top_hits kept of them."""
+    written = {NON_WORD.sub("", token.lower()): token for token in identifiers(query.text)}
+    unknown = tuple(dict.fromkeys(written[form] for form in by_words.unknown if form in written))
+    if by_words.unknown_ids:
+        return Notes(unknown, near_misses=bool(chosen))
+    return Notes(unknown, more=more_matching(by_words, rows, chosen))
+
+
+def more_matching(by_words: Lexical, rows: Sequence[Candidate], chosen: Sequence[Hit]) -> int:
+    """How many of ``rows`` (not ``chosen``, nor next to a chosen hit, which shows them as its
+    neighbours) cover the query as fully as the best chosen one; 0 unless at least MORE_MIN
+    do and that one covers at least MIN_COVERED: "clearly more match than are shown"."""
+    share = dict(zip(by_words.pool, by_words.shares, strict=True))
+    best = max((share.get(hit.id, 0.0) for hit in chosen), default=0.0)
+    if best < MIN_COVERED:
+        return 0
+    counted: list[Candidate | Hit] = list(chosen)
+    for row in sorted(rows, key=lambda r: r.id):
+        if share.get(row.id, 0.0) >= MORE_SHARE * best and not any(
+            c.conv == row.conv and abs(c.seq - row.seq) <= 1 for c in counted
+        ):
+            counted.append(row)  # one place in the history: its neighbour is not another
+    more = len(counted) - len(chosen)
+    return more if more >= MORE_MIN else 0

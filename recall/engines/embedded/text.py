@@ -70,16 +70,59 @@ MONTH_NAMED = re.compile(
 )
 
 
+# A month is a time ("in May 2023", "back in January", "since March", "on 8 June", "was it
+# February?") unless it names part of the subject: "the July pallets", "the March delivery", a
+# month right before a noun with no time word before it. Only a time lifts the turns dated in it.
+TIME_WORDS = frozenset(
+    re.findall(
+        r"\w+",
+        "in on during since from until till by before after around through throughout early late "
+        "mid of between and or to last next this each every",
+    )
+)
+WORD_BEFORE = re.compile(r"([^\W_]+)[^\w]*$")
+WORD_AFTER = re.compile(r"[ \t]+([^\W\d_]+)")
+
+
 def months_named(text: str) -> list[tuple[int | None, int]]:
-    """The (year or None, month) pairs a query names: a soft hint for ranking, never a filter."""
+    """The (year or None, month) pairs a query names as a time: a soft hint for ranking, never
+    a filter. A month naming the subject ("the July pallets") is a word like any other."""
     found = []
     for match in MONTH_NAMED.finditer(text):
         name, year = match.group(1).lower(), match.group(2)
         month = next(i for i, m in enumerate(MONTHS, 1) if m.startswith(name[:3]))
         if month == 5 and not year and name == "may":
             continue
+        if not year and names_a_subject(text, match.start(), match.end(1)):
+            continue
         found.append((int(year) if year else None, month))
     return list(dict.fromkeys(found))
+
+
+def names_a_subject(text: str, start: int, end: int) -> bool:
+    """Whether the month at ``text[start:end]`` modifies the noun after it ("the July pallets")
+    rather than telling a time: a word that is neither a stopword nor a time word follows, and
+    no time word or day number comes right before it."""
+    before = WORD_BEFORE.search(text[:start])
+    if before and (before.group(1).lower() in TIME_WORDS or before.group(1).isdigit()):
+        return False
+    after = WORD_AFTER.match(text, end)
+    if after is None:
+        return False
+    word = after.group(1).lower()
+    return word not in STOPWORDS and word not in TIME_WORDS
+
+
+def names_month(text: str, month: int) -> bool:
+    """Whether a passage's text names ``month`` as a time, read as a query's month is ("in July",
+    not "the July delivery"): capitalised, as a month is written, and "May" only after a word or
+    a number, never at a sentence's start where it is the verb."""
+    name = MONTHS[month - 1].capitalize()
+    pattern = r"(?<=[a-z0-9,] )May\b" if month == 5 else rf"\b(?:{name}|{name[:3]}\.?)\b"
+    return any(
+        not names_a_subject(text, found.start(), found.end())
+        for found in re.finditer(pattern, text)
+    )
 
 
 def identifiers(text: str) -> list[str]:
