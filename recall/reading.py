@@ -19,7 +19,7 @@ from typing import Any
 
 from recall import audit
 from recall.conversations import REF, conversation_ref, is_recalled
-from recall.engines.base import Passage, Recalled
+from recall.engines.base import OUTCOMES, Passage, Recalled
 from recall.store import Store, Turn
 
 READ_TOOL = "read_my_conversation"
@@ -144,6 +144,6 @@ def entry(
     with what was asked for in place of a query."""
     line = {key: value for key, value in audit.entry(client, "", answer).items() if key != "query"}
     if not answer.passages:  # the search's fail-soft outcomes, or no turn of the user's to show
-        line["outcome"] = audit.OUTCOMES.get(answer.text, "not_found")
+        line["outcome"] = OUTCOMES.get(answer.text, "not_found")
     read = {"ref": ref, "from_turn": from_turn, "to_turn": to_turn}
     return {**line, "tool": READ_TOOL, "read": read}

@@ -271,14 +271,16 @@ async def test_json_logs_are_one_object_a_line_with_the_user_as_its_hash(tmp_pat
         assert server.post(conversation("alice", cid, f"the {text} ticket", "ok"))[0] == 202
         server.wait_indexed("alice")
         assert text in await server.recall("alice", text)
-        # and FastMCP's and uvicorn's lines besides ours (a refused token, the access log)
+        # and the MCP SDK's and uvicorn's lines besides ours (a refused token, the access log)
         assert await asyncio.to_thread(mcp_status, server, "not-a-token") == 401
     # when its output is read
     lines = [json.loads(line) for line in server.log().splitlines()]  # every line parses
     # then each line has time, level, logger and event
     assert all({"time", "level", "logger", "event"} <= line.keys() for line in lines)
     loggers = {line["logger"] for line in lines}
-    assert {"fastmcp.server.auth.middleware", "uvicorn.access", "uvicorn.error"} <= loggers
+    assert {"mcp.server.streamable_http_manager", "uvicorn.access", "uvicorn.error"} <= loggers
+    # (the refused token is answered, and its reason logged, by recall.auth.TokenFirst)
+    assert any(line["event"].startswith("request refused (401)") for line in lines)
     # and the index and recall lines carry the user as her directory hash and seconds as numbers
     about_alice = [line for line in lines if line["event"].startswith(("indexed", "recall for"))]
     assert {line["event"].split()[0] for line in about_alice} == {"indexed", "recall"}
