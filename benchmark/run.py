@@ -38,7 +38,7 @@ from fastmcp import Client
 
 from benchmark import history_clinic
 from benchmark.history import History, Question, generate
-from recall.conversations import user_dir_name
+from recall.conversations import parse_conversation, user_dir_name, write_conversation
 from recall.engines import make_engine
 from recall.settings import Settings
 from recall.testing import ROOT, LocalServer, make_server
@@ -111,14 +111,17 @@ _postgres: Any = None
 def load_into_postgres(
     live: LocalServer, bodies: list[dict[str, Any]], workdir: Path, owner_url: str
 ) -> dict[str, float]:
-    """As an operator moves a large history in: backfill a files store, `recall-server import`
-    it, then the replica's index runs (timed until no run is due)."""
-    (workdir / "files").mkdir(exist_ok=True)
-    files = make_server(workdir / "files", users=[USER], ENGINE="embedded")
+    """As an operator moves a large history in: a files store's sources (written as the files
+    store writes them; its index is not imported, so none is built), `recall-server import`,
+    then the replica's index runs (timed until no run is due)."""
+    data_dir = workdir / "files" / "data"
+    home = data_dir / user_dir_name(USER)
     started = time.monotonic()
-    figures = load_by_backfill(files, bodies, workdir)
-    command = [sys.executable, str(ROOT / "recall_server.py"), "import", str(files.data_dir)]
-    env = {**files.env, "DATABASE_URL": owner_url}
+    for body in bodies:
+        write_conversation(home, parse_conversation(body))
+    figures = {"load_s": round(time.monotonic() - started, 1)}
+    command = [sys.executable, str(ROOT / "recall_server.py"), "import", str(data_dir)]
+    env = {**live.env, "DATABASE_URL": owner_url}
     subprocess.run(command, env=env, check=True, capture_output=True)
     figures["import_s"] = round(time.monotonic() - started - figures["load_s"], 1)
     return figures
