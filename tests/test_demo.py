@@ -1,6 +1,7 @@
 """The seeded demo end to end: the real server on the embedded engine, seeded by seeds/seed.py the
 way the gateway does it, asked through an MCP client with the demo tokens and the short queries
-an agent sends. Each of the demo's five questions finds its facts; bob's chat stays his."""
+an agent sends. Each of the demo's five questions finds its facts; bob's chat stays his; and
+examples/recall-runs.md is what these queries give now."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import Server
 
+from examples.record_runs import COMMAND, RECORD, record
 from recall.demo import seeded_demo
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
 
@@ -137,4 +139,24 @@ async def test_the_f204_error_cut_in_the_previews_is_read_whole_in_one_call(demo
         "---\n"
         f'Shown: turn 3 of 10. Read on with read_my_conversation(ref="{header[1]}", '
         "from_turn=4).\n"
+    )
+
+
+def record_answers(record_text: str) -> list[tuple[str, str]]:
+    """The record's (query, answer) pairs in order, from its `### `query`` headings."""
+    parts = re.split(r"^### `(.+)`$", record_text, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+async def test_the_committed_recall_runs_record_is_what_a_fresh_run_gives(demo: Server) -> None:
+    # given the committed record of the demo's queries
+    committed = RECORD.read_text(encoding="utf-8")
+    # when the record script asks the freshly seeded demo server the same queries
+    fresh = await record(demo)
+    # then the file is what the code gives now, word for word
+    pairs = zip(record_answers(fresh), record_answers(committed), strict=False)
+    stale = [query for (query, answer), old in pairs if (query, answer) != old]
+    assert fresh == committed, (
+        f"{RECORD.name} is stale ({len(stale)} answers differ: {stale}); regenerate it with "
+        f"`{COMMAND}`"
     )
