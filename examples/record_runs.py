@@ -1,6 +1,7 @@
 """Record what the recall tool returns for the demo's five questions, on a freshly seeded server.
 
-    python examples/record_runs.py [--out examples/recall-runs.md]   (or: python -m examples.record_runs)
+    python examples/record_runs.py [--out examples/recall-runs.md]
+    python -m examples.record_runs [--out ...]   (the same)
 
 Starts recall_server.py with the embedded engine and the demo tokens, seeded by seeds/seed.py the
 way the chat gateway does (recall.demo.seeded_demo, the same server tests/test_demo.py asks),
