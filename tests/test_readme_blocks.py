@@ -108,6 +108,17 @@ def answers(port: int) -> bool:
         return False
 
 
+def stored_turns(port: int, token: str, conversation_id: str) -> list[dict[str, object]]:
+    """The conversation's stored turns as its owner's memory page reads them."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/me/conversation",
+        data=json.dumps({"conversation_id": conversation_id}).encode(),
+        headers={"authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())["turns"]
+
+
 def stops_answering(port: int, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while answers(port):
@@ -171,10 +182,14 @@ def test_the_run_command_shows_the_key_the_write_route_block_posts_with(tmp_path
         [export_line] = [x for x in shown.read_text().splitlines() if x.startswith("export ")]
         [write_route] = sh_blocks(section("The write route"))
         out, err = run_to_the_end(f"{export_line}\n{runnable(write_route, port)}", cwd, port)
+        stored = stored_turns(port, "demo-token-alice", "2026-10-08-capacity")
     finally:
         kill_group(server)
     # then the post is stored, and the server's log says where the key comes from, not what it is
     assert json.loads(out) == {"stored": "2026-10-08-capacity"}, err
+    # and the example's reply is stamped after the question it answers, once stored as UTC
+    assert [turn["role"] for turn in stored] == ["user", "assistant"]
+    assert stored[0]["ts"] < stored[1]["ts"], stored
     key = export_line.removeprefix("export INGEST_KEY=")
     assert len(key) >= 16
     assert "POST /turns takes this server's INGEST_KEY" in log.read_text()
