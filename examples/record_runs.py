@@ -1,35 +1,35 @@
 """Record what the recall tool returns for the demo's five questions, on a freshly seeded server.
 
     python examples/record_runs.py [--out examples/recall-runs.md]
+    python -m examples.record_runs [--out ...]   (the same)
 
-Starts recall_server.py (embedded engine, a temporary DATA_DIR, a random ingest key, the demo
-tokens, a free loopback port), seeds it with seeds/seed.py the way the chat gateway does (after
-every turn), waits for the index, then sends the short queries an agent sends for each question
-through an MCP client and writes every answer verbatim, with its latency, to a Markdown file.
-Logs hold counts and timings only, never conversation text.
+Starts recall_server.py with the embedded engine and the demo tokens, seeded by seeds/seed.py the
+way the chat gateway does (recall.demo.seeded_demo, the same server tests/test_demo.py asks),
+sends the short queries an agent sends for each question through an MCP client, and writes every
+answer verbatim to a Markdown file. The file holds nothing that changes from run to run (no
+recording date, no timings): the same code gives the same file, and
+tests/test_demo.py::test_the_committed_recall_runs_record_is_what_a_fresh_run_gives fails when it
+is stale. Timings (seeding, index, each call) go to stderr only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
-import secrets
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-from fastmcp import Client
-
+from recall.demo import seeded_demo
+from recall.settings import Settings
 from recall.testing import LocalServer
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKENS_FILE = ROOT / "examples" / "tokens.json"
-START_TIMEOUT, INDEX_TIMEOUT = 60.0, 180.0  # seconds
+RECORD = ROOT / "examples" / "recall-runs.md"
+COMMAND = ".venv/bin/python examples/record_runs.py"
+INDEX_TIMEOUT = 180.0  # seconds for seeding and both users' index runs
 
 P7 = "Did I ever discuss motor P-7 or ticket MT-5120?"
 # fmt: off
@@ -56,83 +56,62 @@ QUESTIONS: list[tuple[str, str, str, list[str]]] = [  # title, question, user, t
 # fmt: on
 
 
-async def recall(url: str, token: str, query: str) -> tuple[str, float]:
-    """The tool's answer and the latency of the call itself (session setup excluded)."""
-    async with Client(f"{url}/mcp", auth=token) as client:
-        started = time.perf_counter()
-        result = await client.call_tool("recall_my_conversations", {"query": query})
-        return result.content[0].text, time.perf_counter() - started  # type: ignore[union-attr]
-
-
 def fenced(text: str) -> str:
     """A code fence longer than any run of backticks in the text."""
     fence = "`" * max(3, 1 + max(map(len, re.findall(r"`+", text)), default=0))
     return f"{fence}text\n{text}\n{fence}"
 
 
-async def record(url: str, tokens: dict[str, str]) -> list[str]:
-    lines: list[str] = []
+def header(engine: str) -> list[str]:
+    defaults = Settings.model_fields
+    k, cap = defaults["recall_k"].default, defaults["max_result_chars"].default
+    return [
+        "# Recall runs: the demo's five questions, the tool's answers verbatim",
+        "",
+        f"Regenerate with `{COMMAND}` from the repository root (about 20 s): it seeds a "
+        "fresh server with `seeds/seed.py`, one post after every turn as the chat gateway does, "
+        f"waits for the index and asks. Engine: **{engine}** (from `/healthz`), default settings "
+        f"(k {k}, answers capped at {cap:,} characters). Each heading is a query as an agent "
+        "sends it, as the user named under the question. Nothing here changes from run to run "
+        "(timings go to the command's stderr), so `tests/test_demo.py` fails when this file "
+        "differs from what the code gives now.",
+        "",
+    ]
+
+
+async def record(server: LocalServer) -> str:
+    """The record's text, from a started, seeded and indexed demo server."""
+    lines = header(server.health()["engine"])
     for number, (title, question, user, queries) in enumerate(QUESTIONS, 1):
         lines += [f"## {number}. {title}", "", f"> {question}", "", f"As **{user}**.", ""]
         for query in queries:
-            answer, latency = await recall(url, tokens[user], query)
-            print(
-                f"question {number}: {len(answer)} chars, {latency * 1000:.0f} ms", file=sys.stderr
-            )
-            lines += [f"### `{query}` ({latency * 1000:.0f} ms)", "", fenced(answer), ""]
-    return lines
+            started = time.perf_counter()
+            answer = await server.recall(user, query)
+            took = (time.perf_counter() - started) * 1000
+            print(f"{user} {query!r}: {len(answer)} chars, {took:.0f} ms", file=sys.stderr)
+            lines += [f"### `{query}`", "", fenced(answer), ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def run(out: Path) -> None:
-    tokens = {user: token for token, user in json.loads(TOKENS_FILE.read_text()).items()}
     with tempfile.TemporaryDirectory(prefix="recall-runs-") as tmp:
-        server = LocalServer.create(  # only what the server needs: no stray setting recorded
-            Path(tmp) / "data",
-            Path(tmp) / "server.log",
-            tokens,
-            ENGINE="embedded",
-            INGEST_KEY=secrets.token_hex(16),
-            AUTH_TOKENS_FILE=str(TOKENS_FILE),
-            INDEX_DEBOUNCE="0.2",
-            LOG_LEVEL="WARNING",
-        )
+        started = time.monotonic()
+        server = seeded_demo(Path(tmp), timeout=INDEX_TIMEOUT)
         try:
-            engine = server.start(START_TIMEOUT).health()["engine"]
-            started = time.monotonic()
-            seeder = [sys.executable, str(ROOT / "seeds" / "seed.py"), "--url", server.url]
-            seeded = subprocess.run(seeder, env=server.env, capture_output=True, text=True)
-            if seeded.returncode != 0:
-                raise RuntimeError(f"seeding failed: {seeded.stderr.strip()}")
-            seed_s = time.monotonic() - started
-            posts = seeded.stdout.split()[-4]  # the last line: "posted N times to URL/turns"
-            started = time.monotonic()
-            server.wait_indexed(*tokens, timeout=INDEX_TIMEOUT)
-            index_s = time.monotonic() - started
-            print(f"seeded: {posts} posts in {seed_s:.1f}s, index {index_s:.1f}s", file=sys.stderr)
-            lines = [
-                "# Recall runs: the demo's five questions, the tool's answers verbatim",
-                "",
-                f"Recorded {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `python examples/"
-                f"record_runs.py`. Engine: **{engine}** (from `/healthz`), default settings "
-                "(k 3, answers capped at 4,000 characters). A fresh server was seeded by "
-                f"`seeds/seed.py` ({posts} posts, one after every turn, {seed_s:.1f} s); the "
-                f"index was ready {index_s:.1f} s later. Each heading is a query as an agent "
-                "sends it, with the latency of the tool call measured by the client.",
-                "",
-                *asyncio.run(record(server.url, tokens)),
-            ]
+            print(f"seeded and indexed in {time.monotonic() - started:.1f}s", file=sys.stderr)
+            text = asyncio.run(record(server))
         except BaseException:
             print("server log tail:\n" + server.log()[-2000:], file=sys.stderr)
             raise
         finally:
             server.stop()
-    out.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    out.write_text(text, encoding="utf-8")
     print(f"wrote {out}", file=sys.stderr)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Record the demo's recall runs as Markdown.")
-    parser.add_argument("--out", type=Path, default=ROOT / "examples" / "recall-runs.md")
+    parser.add_argument("--out", type=Path, default=RECORD)
     run(parser.parse_args().out)
 
 

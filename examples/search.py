@@ -7,25 +7,67 @@ The first searches (recall_my_conversations); the second reads turns of the conv
 passage header names ("ref <ref> turn <n>") whole (read_my_conversation).
 
 Exit status: 0 with the tool's answer on stdout; 1 with a one-line reason on stderr when the
-server cannot be reached or refuses the token.
+server cannot be reached, refuses the token or the tool refuses the arguments.
+
+One MCP `tools/call` request over the streamable HTTP transport, standard library only: the
+server is stateless (no session, so no `initialize` round trip is needed) and answers each call
+with one JSON body. Through FastMCP's `Client` a call took 1.5 s here (median of 10, 2 busy
+cores), 1.3 s of it importing the client; this way it takes 0.09 s, the same answer.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import sys
 import urllib.error
 import urllib.request
 from typing import Any
 
-from fastmcp import Client
+PROTOCOL_VERSION = "2025-11-25"  # the MCP revision this request is written to
+TIMEOUT = 60.0  # seconds: above the server's RECALL_TIMEOUT, so the server's answer comes first
 
 
-async def call(url: str, token: str, tool: str, arguments: dict[str, Any]) -> str:
-    async with Client(f"{url.rstrip('/')}/mcp", auth=token) as client:
-        result = await client.call_tool(tool, arguments)
-        return result.content[0].text  # type: ignore[union-attr]
+class Refused(Exception):
+    """The call failed for a reason a person at a terminal can act on; the message says it."""
+
+
+def call(url: str, token: str, tool: str, arguments: dict[str, Any]) -> str:
+    """The tool's text answer, or Refused with the reason."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    body["params"] = {"name": tool, "arguments": arguments}
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/mcp", data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("content-type", "application/json")
+    request.add_header("accept", "application/json, text/event-stream")
+    request.add_header("mcp-protocol-version", PROTOCOL_VERSION)
+    request.add_header("authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            answer = message(response.read().decode(), response.headers.get_content_type())
+    except urllib.error.HTTPError as http:
+        if http.code == 401:
+            raise Refused("401: the token was refused (check --token)") from None
+        raise Refused(f"the server at {url} answered {http.code}") from None
+    except OSError:
+        raise Refused(f"cannot reach the recall server at {url} (is it running?)") from None
+    if "error" in answer:
+        raise Refused(f"the tool call failed: {answer['error'].get('message', '')[:200]}")
+    result = answer["result"]
+    text = "".join(part.get("text", "") for part in result.get("content", []))
+    if result.get("isError"):  # a refused argument: the message starts with its name
+        raise Refused(f"the tool refused the call: {text[:200]}")
+    return text
+
+
+def message(payload: str, content_type: str) -> dict[str, Any]:
+    """The JSON-RPC response in the body: the whole JSON body, or the last `data:` line of an
+    event stream (should the server ever stream)."""
+    if content_type == "text/event-stream":
+        data = [line[5:].strip() for line in payload.splitlines() if line.startswith("data:")]
+        payload = data[-1] if data else "{}"
+    return json.loads(payload)
 
 
 def main() -> None:
@@ -46,32 +88,11 @@ def main() -> None:
         if args.to_turn is not None:
             arguments["to_turn"] = args.to_turn
     try:
-        print(asyncio.run(call(args.url, args.token, tool, arguments)))
-    except Exception as exc:  # one line for a person at a terminal, not a traceback
-        sys.exit(f"search.py: {reason(exc, args.url, args.token)}")
-
-
-def reason(exc: Exception, url: str, token: str) -> str:
-    """Why the call failed, in words. The MCP client reports an HTTP refusal only as a generic
-    protocol error, so ask the endpoint once more, plainly, for its status."""
-    initialize = (
-        b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":'
-        b'"2025-06-18","capabilities":{},"clientInfo":{"name":"search.py","version":"1"}}}'
-    )
-    request = urllib.request.Request(f"{url.rstrip('/')}/mcp", data=initialize, method="POST")
-    request.add_header("content-type", "application/json")
-    request.add_header("accept", "application/json, text/event-stream")
-    request.add_header("authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10):
-            pass
-    except urllib.error.HTTPError as http:
-        if http.code == 401:
-            return "401: the token was refused (check --token)"
-        return f"the server at {url} answered {http.code}"
-    except OSError:
-        return f"cannot reach the recall server at {url} (is it running?)"
-    return f"the tool call failed: {type(exc).__name__}: {str(exc)[:200]}"
+        print(call(args.url, args.token, tool, arguments))
+    except Refused as refused:  # one line for a person at a terminal, not a traceback
+        sys.exit(f"search.py: {refused}")
+    except (ValueError, KeyError, TypeError) as bad:  # not an MCP answer at all
+        sys.exit(f"search.py: the server at {args.url} gave no MCP answer ({type(bad).__name__})")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,15 @@ def test_search_against_no_server_says_it_cannot_reach_it() -> None:
     )
 
 
+def test_search_imports_no_mcp_client_library() -> None:
+    # importing FastMCP's client took 1.2 s of search.py's 1.5 s a call: the script is one
+    # JSON-RPC request in the standard library (tests/test_demo.py checks what it prints)
+    done = run("-X", "importtime", "examples/search.py", "--help")
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()}
+    assert done.returncode == 0
+    assert imported & {"fastmcp", "mcp", "mcp_types", "httpx", "httpx2", "pydantic"} == set()
+
+
 def test_backfill_of_a_missing_file_exits_2_with_one_line(tmp_path: Path) -> None:
     env = make_server(tmp_path, ENGINE="embedded").env
     done = run("recall_server.py", "backfill", str(tmp_path / "missing.jsonl"), env=env)

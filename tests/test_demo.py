@@ -1,15 +1,19 @@
 """The seeded demo end to end: the real server on the embedded engine, seeded by seeds/seed.py the
 way the gateway does it, asked through an MCP client with the demo tokens and the short queries
-an agent sends. Each of the demo's five questions finds its facts; bob's chat stays his."""
+an agent sends. Each of the demo's five questions finds its facts; bob's chat stays his; and
+examples/recall-runs.md is what these queries give now."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import Server
+from conftest import ROOT, Server
 
+from examples.record_runs import COMMAND, RECORD, record
 from recall.demo import seeded_demo
 from recall.engines.base import NEAR_MISSES, NEVER_MENTIONED, NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
 
@@ -145,3 +149,45 @@ async def test_the_f204_error_cut_in_the_previews_is_read_whole_in_one_call(demo
         f'Shown: turn 3 of 10. Read on with read_my_conversation(ref="{header[1]}", '
         "from_turn=4).\n"
     )
+
+
+def record_answers(record_text: str) -> list[tuple[str, str]]:
+    """The record's (query, answer) pairs in order, from its `### `query`` headings."""
+    parts = re.split(r"^### `(.+)`$", record_text, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+async def test_the_committed_recall_runs_record_is_what_a_fresh_run_gives(demo: Server) -> None:
+    # given the committed record of the demo's queries
+    committed = RECORD.read_text(encoding="utf-8")
+    # when the record script asks the freshly seeded demo server the same queries
+    fresh = await record(demo)
+    # then the file is what the code gives now, word for word
+    pairs = zip(record_answers(fresh), record_answers(committed), strict=False)
+    stale = [query for (query, answer), old in pairs if (query, answer) != old]
+    assert fresh == committed, (
+        f"{RECORD.name} is stale ({len(stale)} answers differ: {stale}); regenerate it with "
+        f"`{COMMAND}`"
+    )
+
+
+def search_py(server: Server, *argv: str) -> subprocess.CompletedProcess[str]:
+    """examples/search.py as a person runs it, with alice's demo token."""
+    token = server.tokens["alice"]
+    command = [sys.executable, "examples/search.py", "--url", server.url, "--token", token, *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+async def test_search_py_prints_what_an_mcp_client_gets_from_both_tools(demo: Server) -> None:
+    # given the seeded demo, asked by the script and by FastMCP's client
+    searched = search_py(demo, "N-11 upgrade")
+    read = search_py(demo, "--read", "a0f0ef5bcc97", "--from-turn", "3", "--to-turn", "3")
+    # then the script prints each tool's answer exactly
+    assert searched.stdout == await demo.recall("alice", "N-11 upgrade") + "\n", searched.stderr
+    turn_3 = await demo.read("alice", ref="a0f0ef5bcc97", from_turn=3, to_turn=3)
+    assert read.stdout == turn_3 + "\n", read.stderr
+    # and a range the tool refuses is one line naming the argument, exit status 1
+    refused = search_py(demo, "--read", "a0f0ef5bcc97", "--from-turn", "0")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith("search.py: the tool refused the call: from_turn: ")
+    assert len(refused.stderr.splitlines()) == 1

@@ -1,5 +1,6 @@
 """The README's shell blocks run as written: the demo, the run command with the write route, and
-the production auth example. A README that drifts from the code fails here.
+the production auth example; so does its FastMCP snippet, as a script. A README that drifts from
+the code fails here.
 
 The blocks are read from README.md at test time, never copied here, and changed in exactly these
 ways (`runnable`), because a test must not install anything or take port 8000:
@@ -30,6 +31,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from recall.demo import seeded_demo
 from recall.testing import PASSED_THROUGH, free_port
 
 README = ROOT / "README.md"
@@ -60,8 +62,8 @@ def section(title: str) -> str:
     return "".join(lines)
 
 
-def sh_blocks(text: str) -> list[str]:
-    return re.findall(r"^```sh\n(.*?)^```", text, re.M | re.S)
+def sh_blocks(text: str, language: str = "sh") -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.M | re.S)
 
 
 def runnable(block: str, port: int) -> str:
@@ -106,6 +108,17 @@ def answers(port: int) -> bool:
             return response.status == 200
     except OSError:
         return False
+
+
+def stored_turns(port: int, token: str, conversation_id: str) -> list[dict[str, object]]:
+    """The conversation's stored turns as its owner's memory page reads them."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/me/conversation",
+        data=json.dumps({"conversation_id": conversation_id}).encode(),
+        headers={"authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())["turns"]
 
 
 def stops_answering(port: int, timeout: float = 60.0) -> bool:
@@ -171,10 +184,14 @@ def test_the_run_command_shows_the_key_the_write_route_block_posts_with(tmp_path
         [export_line] = [x for x in shown.read_text().splitlines() if x.startswith("export ")]
         [write_route] = sh_blocks(section("The write route"))
         out, err = run_to_the_end(f"{export_line}\n{runnable(write_route, port)}", cwd, port)
+        stored = stored_turns(port, "demo-token-alice", "2026-10-08-capacity")
     finally:
         kill_group(server)
     # then the post is stored, and the server's log says where the key comes from, not what it is
     assert json.loads(out) == {"stored": "2026-10-08-capacity"}, err
+    # and the example's reply is stamped after the question it answers, once stored as UTC
+    assert [turn["role"] for turn in stored] == ["user", "assistant"]
+    assert stored[0]["ts"] < stored[1]["ts"], stored
     key = export_line.removeprefix("export INGEST_KEY=")
     assert len(key) >= 16
     assert "POST /turns takes this server's INGEST_KEY" in log.read_text()
@@ -195,3 +212,24 @@ def test_the_production_auth_example_searches_with_a_token_from_a_local_key_pair
     assert N11_DECISION in out, f"stdout:\n{out}\nstderr:\n{err}\nserver log:\n{log[-3000:]}"
     assert "bearer token refused" not in log
     assert stops_answering(port)
+
+
+def test_the_fastmcp_snippet_saved_as_a_script_finds_the_decision_and_reads_the_f204_error(
+    tmp_path: Path,
+) -> None:
+    # given the tool section's Python snippet saved as a file, and the seeded demo running
+    [snippet] = sh_blocks(section("The tool"), language="python")
+    (tmp_path / "demo").mkdir()
+    server = seeded_demo(tmp_path / "demo")
+    try:
+        script = tmp_path / "recall_example.py"
+        script.write_text(runnable(snippet, int(server.env["PORT"])))
+        # when it runs as a script
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+        )
+    finally:
+        server.stop()
+    # then it prints alice's decision and the F-204 error line whole
+    assert done.returncode == 0, done.stderr
+    assert N11_DECISION in done.stdout and F204_ERROR in done.stdout
