@@ -62,7 +62,8 @@ from fastmcp.client.transports import StreamableHttpTransport
 from benchmark.history import generate
 from benchmark.run import machine, percentile
 from recall.conversations import user_dir_name
-from recall.metrics import OUTCOMES, PASSAGES, PREFIX
+from recall.engines.base import OUTCOMES
+from recall.metrics import PREFIX
 from recall.testing import ROOT, LocalServer, make_server
 
 PHASES = ("ingest", "recall", "mixed", "saturate")
@@ -433,7 +434,7 @@ async def recall_caller(
                         "recall_my_conversations", {"query": queries[n % len(queries)]}
                     )
                     text = result.content[0].text  # type: ignore[union-attr]
-                    calls.record(started, OUTCOMES.get(text, PASSAGES))
+                    calls.record(started, OUTCOMES.get(text, "passages"))
                 except Exception as exc:  # counted, and the caller goes on
                     calls.errors[type(exc).__name__] += 1
                 if think:  # an agent reads the answer before it asks again
