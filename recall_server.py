@@ -137,25 +137,25 @@ TO_TURN_DESCRIPTION = (
     "as the answer's cap allows."
 )
 
-READ_ANNOTATIONS = ToolAnnotations(
-    title="Read one of my earlier conversations",
-    read_only_hint=True,  # it only reads the user's memory
-    destructive_hint=False,
-    idempotent_hint=True,
-    open_world_hint=False,  # the user's own stored conversations, not the web
-)
+
+def read_only_tool(title: str) -> ToolAnnotations:
+    """Both tools only read the user's own stored conversations (not the web)."""
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=True,
+        destructive_hint=False,
+        idempotent_hint=True,
+        open_world_hint=False,
+    )
+
+
+READ_ANNOTATIONS = read_only_tool("Read one of my earlier conversations")
 
 QUERY_DESCRIPTION = f"""\
 A few words built around identifiers and key nouns, e.g. "MT-4471 K-2 ticket" or "N-11 upgrade \
 decision", not a whole sentence. At most {MAX_QUERY_CHARS} characters; longer is cut."""
 
-TOOL_ANNOTATIONS = ToolAnnotations(
-    title="Search my earlier conversations",
-    read_only_hint=True,  # it only reads the user's memory
-    destructive_hint=False,
-    idempotent_hint=True,
-    open_world_hint=False,  # the user's own stored conversations, not the web
-)
+TOOL_ANNOTATIONS = read_only_tool("Search my earlier conversations")
 
 USAGE = """\
 usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, GET /healthz,
