@@ -227,9 +227,10 @@ recall_as() { # user query wanted... ; a wanted text that starts with ! must be 
 }
 recall_both() {
     recall_as alice "N-11 upgrade" "$N11_DECISION"
-    recall_as alice "P-7 motor" '!P-7' '!MT-5120'
+    # (the other's text, not the identifier asked: "No earlier conversation mentions P-7." names it)
+    recall_as alice "P-7 motor" '!drive-end' '!MT-5120'
     recall_as bob "P-7 motor" "P-7" "MT-5120"
-    recall_as bob "N-11 upgrade" '!N-11' '!MT-4471'
+    recall_as bob "N-11 upgrade" '!2,185' '!MT-4471'
     say "$1: alice recalls the N-11 decision, bob his P-7 motor chat, neither the other's"
 }
 recall_both "recall through MCP"
