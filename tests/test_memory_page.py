@@ -188,7 +188,12 @@ async def test_bobs_token_shows_only_bobs_chat(demo: Server, page: Page) -> None
     await page.get_by_role("link", name="Search", exact=True).click()
     await page.get_by_label("Search your conversations").fill("N-11 upgrade decision")
     await page.get_by_role("button", name="Search", exact=True).click()
-    await page.locator("#search-status").get_by_text("found", exact=False).wait_for()
+    # (his history never names N-11: the status says so, and no passage of alice's shows)
+    await (
+        page.locator("#search-status")
+        .get_by_text("No earlier conversation mentions N-11")
+        .wait_for()
+    )
     assert "N-11" not in await page.locator("#search-results").inner_text()
     # nor does an address naming alice's conversation's reference
     alices = conversation_ref(user_dir_name("alice"), CAPACITY_CHECK)
