@@ -280,7 +280,7 @@ async def test_json_logs_are_one_object_a_line_with_the_user_as_its_hash(tmp_pat
     loggers = {line["logger"] for line in lines}
     assert {"mcp.server.streamable_http_manager", "uvicorn.access", "uvicorn.error"} <= loggers
     # (the refused token is answered, and its reason logged, by recall.auth.TokenFirst)
-    assert any(line["event"].startswith("request refused (401)") for line in lines)
+    assert any(line["event"].startswith("bearer token refused: ") for line in lines)
     # and the index and recall lines carry the user as her directory hash and seconds as numbers
     about_alice = [line for line in lines if line["event"].startswith(("indexed", "recall for"))]
     assert {line["event"].split()[0] for line in about_alice} == {"indexed", "recall"}
