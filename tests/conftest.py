@@ -202,3 +202,16 @@ def pg_database(pg_server: PgServer) -> Iterator[PgDatabase]:
     database = pg_server.new_database()
     yield database
     pg_server.drop_database(database.name)
+
+
+# An MCP initialize request, as a client's first POST /mcp sends it.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"},
+    },
+}

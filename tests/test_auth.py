@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import FakeFunes, Server, conversation, make_server, wait_for
+from conftest import INITIALIZE, FakeFunes, Server, conversation, make_server, wait_for
 from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from joserfc import jwk, jwt
@@ -494,16 +494,6 @@ def test_a_token_kid_cannot_forge_a_log_line_and_key_set_lines_stay_for_the_oper
 
 # --- where to sign in (RFC 9728), and a 401 that MCP clients show -----------------------------
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
 MCP_HEADERS = {"accept": "application/json, text/event-stream"}
 
 

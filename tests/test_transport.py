@@ -17,21 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Server, make_server, tree, wait_for
+from conftest import INITIALIZE, ROOT, Server, make_server, tree, wait_for
 
 from recall.engines.base import NO_MEMORY
 from recall.transport import ACCEPT_BACKLOG, DESCRIPTOR_HEADROOM
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "test", "version": "0"},
-    },
-}
 CALL_TOOL = {
     "jsonrpc": "2.0",
     "id": 2,
