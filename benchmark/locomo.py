@@ -499,10 +499,10 @@ async def evaluate_engines(
 
 def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
     """Today's embedded engine at each k's settings, sharing one embedding model."""
-    from recall.embedder import load_embedder
+    from recall.embedder import PACKAGED, load_embedder
     from recall.engines.embedded import EmbeddedEngine
 
-    embedder = load_embedder(model_dir)
+    embedder = load_embedder(model_dir, model=os.environ.get("EMBED_MODEL", PACKAGED))
     return {
         k: EmbeddedEngine(
             embedder,
@@ -533,13 +533,13 @@ async def ask_postgres(
     posted through PgStore.put (the write path), all of it before its index run, as the
     backfill loads it (rows are then numbered as the embedded engine numbers them), indexed by
     an IndexRunner, asked through PgSearch at each k's settings."""
-    from recall.embedder import load_embedder
+    from recall.embedder import PACKAGED, load_embedder
     from recall.pg.database import Database
     from recall.pg.index import IndexRunner
     from recall.pg.search import PgSearch
     from recall.pg.store import PgStore
 
-    embedder = load_embedder(model_dir)
+    embedder = load_embedder(model_dir, model=os.environ.get("EMBED_MODEL", PACKAGED))
     db = Database(database_url, 4)
     store = PgStore(db, debounce=3600.0)  # no run claims a history before it is all posted
     runner = IndexRunner(db, embedder, debounce=0.0, concurrency=1, timeout=3600.0)

@@ -54,6 +54,11 @@ class Embedder(Protocol):
 
     def embed(self, texts: list[str]) -> np.ndarray: ...
 
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        """Queries (a model trained with prefixes, e5, embeds them as queries; others as
+        ``embed``)."""
+        ...
+
 
 class ModelUnavailable(FileNotFoundError):
     """The model or tokenizer file is missing or unreadable; the message names the path."""
@@ -133,6 +138,10 @@ class OnnxEmbedder:
             batch.append(i)
         out[batch] = self._run([tokens[j] for j in batch])
         return out
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        """MiniLM embeds a query as any other text."""
+        return self.embed(texts)
 
     def _run(self, token_ids: list[list[int]]) -> np.ndarray:
         # Right-pad with 0 ([PAD]) to the longest in the batch; the mask hides the padding.
@@ -253,6 +262,11 @@ def int8_graph(model: Path, cache: Path) -> Iterator[Path]:
     yield cached
 
 
+PACKAGED = "minilm"  # EMBED_MODEL's default: the packaged MiniLM (or EMBED_MODEL_DIR's model)
+MULTILINGUAL = "multilingual-e5-small"  # recall/multilingual.py
+MODELS = (PACKAGED, MULTILINGUAL)
+
+
 def load_embedder(
     model_dir: Path | None = None,
     pooling: str = "mean",
@@ -260,10 +274,35 @@ def load_embedder(
     *,
     int8: bool = False,
     cache: Path | None = None,
-) -> OnnxEmbedder:
+    model: str = PACKAGED,
+) -> Embedder:
     """The packaged MiniLM, or ``model_dir/model.onnx`` (or its single ``*.onnx``) with
     ``model_dir/tokenizer.json``, on ``threads`` intra-op threads; with ``int8``, in its int8
-    graph (cached under ``cache``, by default ``model_cache()``)."""
+    graph (cached under ``cache``, by default ``model_cache()``). ``model`` names one of
+    MODELS: the multilingual one takes none of the other arguments (ValueError)."""
+    if model == MULTILINGUAL:
+        if model_dir is not None or int8 or pooling != "mean":
+            raise ValueError(
+                f"EMBED_MODEL={MULTILINGUAL} takes no EMBED_MODEL_DIR, EMBED_POOLING or "
+                "EMBED_COMPUTE=int8 (those are for an ONNX model)"
+            )
+        from recall.multilingual import E5Embedder
+
+        return E5Embedder()
+    if model != PACKAGED:
+        raise ValueError(f"EMBED_MODEL must be one of {', '.join(MODELS)}")
+    return load_onnx_embedder(model_dir, pooling, threads, int8=int8, cache=cache)
+
+
+def load_onnx_embedder(
+    model_dir: Path | None = None,
+    pooling: str = "mean",
+    threads: int = THREADS,
+    *,
+    int8: bool = False,
+    cache: Path | None = None,
+) -> OnnxEmbedder:
+    """``load_embedder`` for an ONNX model (the packaged MiniLM or EMBED_MODEL_DIR's)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we batch ourselves; keep 2 cores
     source, tokenizer = _default_files() if model_dir is None else _files_in(model_dir)
     if not int8:

@@ -154,6 +154,12 @@ class Settings(BaseSettings):
         None, description="the funes binary", json_schema_extra=shown("(`funes` on `PATH`)")
     )
     hf_home: Path | None = Field(None, description="funes' model directory (baked into the image)")
+    embed_model: Literal["minilm", "multilingual-e5-small"] = Field(
+        "minilm",
+        description="the embedded engine's model: `minilm` (the packaged all-MiniLM-L6-v2, "
+        "English) or `multilingual-e5-small` (100 languages, the `multilingual` extra: "
+        "README \"Other languages\"); switching rebuilds every index",
+    )
     embed_model_dir: Path | None = Field(
         None,
         description="a local ONNX model + `tokenizer.json` for the embedded engine",

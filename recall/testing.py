@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # The host's OpenBLAS settings travel with the child: on some processors older OpenBLAS builds
 # compute wrong results or crash without them.
 # XDG_CACHE_HOME: where the embedder's derived int8 graph is cached (derived once, not per
-# server); EMBED_COMPUTE: so that the benchmarks (and the tests) can run on the int8 graph.
+# server); EMBED_COMPUTE, EMBED_MODEL: so that the benchmarks (and the tests) can run on the
+# int8 graph or the multilingual model.
 PASSED_THROUGH = (
     "PATH",
     "LANG",
@@ -40,6 +41,7 @@ PASSED_THROUGH = (
     "OPENBLAS_L2_SIZE",
     "XDG_CACHE_HOME",
     "EMBED_COMPUTE",
+    "EMBED_MODEL",
 )
 
 

@@ -168,6 +168,9 @@ class CountingEmbedder:
         self.fingerprint = inner.fingerprint
         self.texts: list[str] = []
 
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        return self.embed(texts)
+
     def embed(self, texts: list[str]) -> np.ndarray:
         self.texts.extend(texts)
         return self.inner.embed(texts)

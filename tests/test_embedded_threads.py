@@ -36,6 +36,9 @@ class HeldEmbedder:
         self.running = 0
         self.most = 0
 
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        return self.embed(texts)
+
     def embed(self, texts: list[str]) -> np.ndarray:
         with self._lock:
             self.running += 1
@@ -58,6 +61,9 @@ class SlowEmbedder:
         self.dim = inner.dim
         self.fingerprint = inner.fingerprint
         self.delay = delay
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        return self.embed(texts)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         time.sleep(self.delay)

@@ -44,6 +44,7 @@ def make_engine(settings: Settings) -> Engine:
         model,
         pooling,
         int8=int8,
+        model_name=settings.embed_model,
         idle_exit=settings.index_worker_idle,
         log_level=settings.log_level,
         log_format=settings.log_format,
@@ -74,6 +75,7 @@ def configured_embedder(settings: Settings, threads: int | None = None) -> Embed
             settings.embed_model_dir,
             settings.embed_pooling,
             int8=settings.embed_compute == "int8",
+            model=settings.embed_model,
             **more,
         )
     except (OSError, ValueError) as exc:

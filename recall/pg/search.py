@@ -157,7 +157,7 @@ class PgSearch:
         raise RecallRaced("recall overlapped a forget on every try")
 
     def _analyse(self, query: Query) -> tuple[np.ndarray, list[list[str]]]:
-        return self.embedder.embed([query.text])[0], phrase_stems(query.terms)
+        return self.embedder.embed_query([query.text])[0], phrase_stems(query.terms)
 
     async def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -267,7 +267,7 @@ class EmbeddedEngine:
             if query.terms
             else Lexical([], [], False)
         )
-        qvec = self.embedder.embed([query.text])[0]
+        qvec = self.embedder.embed_query([query.text])[0]
         similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
         by_meaning, best_similarity = dense(vectors.ids, similarity, self.candidates)
         if nothing_relevant(by_words, best_similarity, self.min_similarity):

@@ -80,6 +80,7 @@ class IndexWorkers:
         pooling: str,
         *,
         int8: bool = False,
+        model_name: str = "minilm",
         idle_exit: float = 60.0,
         log_level: str = "info",
         log_format: str = "text",
@@ -91,6 +92,7 @@ class IndexWorkers:
             self._argv += ["--model-dir", str(model_dir)]
         if int8:  # the server's own graph: a query must meet passages embedded the same way
             self._argv += ["--int8"]
+        self._argv += ["--model", model_name]  # EMBED_MODEL: the same model as the queries'
         self._slots = asyncio.Semaphore(size)
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
@@ -191,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-dir", type=Path)
     parser.add_argument("--pooling", default="mean")
     parser.add_argument("--int8", action="store_true")
+    parser.add_argument("--model", default="minilm")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--log-format", default="text")
     args = parser.parse_args(argv)
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     from recall.embedder import load_embedder
     from recall.engines.embedded.engine import RunStop, index_sources
 
-    embedder = load_embedder(args.model_dir, args.pooling, int8=args.int8)
+    embedder = load_embedder(args.model_dir, args.pooling, int8=args.int8, model=args.model)
     out = sys.stdout.buffer
     out.write(READY)
     out.flush()
