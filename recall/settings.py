@@ -158,7 +158,7 @@ class Settings(BaseSettings):
         "minilm",
         description="the embedded engine's model: `minilm` (the packaged all-MiniLM-L6-v2, "
         "English) or `multilingual-e5-small` (100 languages, the `multilingual` extra: "
-        "README \"Other languages\"); switching rebuilds every index",
+        'README "Other languages"); switching rebuilds every index',
     )
     embed_model_dir: Path | None = Field(
         None,

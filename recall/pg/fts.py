@@ -1,6 +1,10 @@
 """SQLite FTS5's tokenizer as a library, so PostgreSQL's postings hold the very terms the embedded
 engine's FTS5 index holds (porter stems of unicode61 tokens) and BM25 ranks the same terms.
 
+Pieces are tokenised as the embedded engine's table indexes them: text.fts_text of the text (CJK
+bigrams, other languages unstemmed), the ids as they are; a query term by each of its
+text.fts_forms.
+
 Each call fills a fresh in-memory fts5 table (the embedded engine's columns and tokenizer) and
 reads it back through `fts5vocab(..., 'instance')`: one row per token, with its column and
 offset. Nothing is stored; the table is gone when the call returns.
@@ -15,6 +19,7 @@ from contextlib import closing
 from dataclasses import dataclass
 
 from recall.engines.embedded.store import FTS_TOKENIZER
+from recall.engines.embedded.text import fts_forms, fts_text
 
 TEXT, IDS = "text", "ids"  # the columns, as fts5vocab names them
 
@@ -27,8 +32,13 @@ class Counted:
     tokens: int  # tokens in both columns: BM25's document length, as FTS5 counts it
 
 
-def _instances(pieces: Sequence[tuple[str, str]]) -> list[tuple[int, str, str, int]]:
-    """(piece index, stem, column, offset) of every token of ``pieces`` (text, ids)."""
+def _instances(
+    pieces: Sequence[tuple[str, str]], *, indexed: bool = True
+) -> list[tuple[int, str, str, int]]:
+    """(piece index, stem, column, offset) of every token of ``pieces`` (text, ids); with
+    ``indexed``, of the text as the index holds it (fts_text)."""
+    if indexed:
+        pieces = [(fts_text(text), ids) for text, ids in pieces]
     with closing(sqlite3.connect(":memory:")) as con:
         con.execute(f"CREATE VIRTUAL TABLE t USING fts5 (text, ids, tokenize='{FTS_TOKENIZER}')")
         con.execute("CREATE VIRTUAL TABLE v USING fts5vocab (t, 'instance')")
@@ -54,13 +64,19 @@ def count_terms(pieces: Sequence[tuple[str, str]]) -> list[Counted]:
     return counted
 
 
-def phrase_stems(terms: Sequence[str]) -> list[list[str]]:
-    """The stems each query term is searched by, in order: what FTS5 makes of `"term"` (most
-    are one stem; "user_id" is the phrase "user" "id"; "_" none)."""
-    stems: list[list[str]] = [[] for _ in terms]
-    for n, term, _, _ in sorted(_instances([(t, "") for t in terms]), key=_by_place):
+def phrase_stems(terms: Sequence[str]) -> list[list[list[str]]]:
+    """The phrases each query term is searched by, one per fts_forms form, each its stems in
+    order: what FTS5 makes of `"form"` (most are one stem; "user_id" is the phrase "user" "id";
+    "_" none)."""
+    forms = [(n, form) for n, term in enumerate(terms) for form in fts_forms(term)]
+    stems: list[list[str]] = [[] for _ in forms]
+    instances = _instances([(form, "") for _, form in forms], indexed=False)
+    for n, term, _, _ in sorted(instances, key=_by_place):
         stems[n].append(term)
-    return stems
+    phrases: list[list[list[str]]] = [[] for _ in terms]
+    for (n, _), phrase in zip(forms, stems, strict=True):
+        phrases[n].append(phrase)
+    return phrases
 
 
 def phrase_counts(

@@ -156,7 +156,7 @@ class PgSearch:
                 return render(found, query, self.max_chars, user_hash, said)
         raise RecallRaced("recall overlapped a forget on every try")
 
-    def _analyse(self, query: Query) -> tuple[np.ndarray, list[list[str]]]:
+    def _analyse(self, query: Query) -> tuple[np.ndarray, list[list[list[str]]]]:
         return self.embedder.embed_query([query.text])[0], phrase_stems(query.terms)
 
     async def close(self) -> None:
@@ -169,7 +169,7 @@ class PgSearch:
         return None if row is None else int(row[0])
 
     async def _search(
-        self, user_hash: str, query: Query, qvec: np.ndarray, stems: list[list[str]]
+        self, user_hash: str, query: Query, qvec: np.ndarray, stems: list[list[list[str]]]
     ) -> tuple[int | None, Found, Notes]:
         """One try, in one snapshot: the forgets it saw, its hits with their neighbours, and
         the answer's notes."""
@@ -234,7 +234,7 @@ class PgSearch:
         user_hash: str,
         query: Query,
         qvec: np.ndarray,
-        stems: list[list[str]],
+        stems: list[list[list[str]]],
         vectors: Vectors,
         passages: int,
         tokens: int,
@@ -274,25 +274,27 @@ class PgSearch:
         conn: Connection,
         user_hash: str,
         query: Query,
-        stems: list[list[str]],
+        stems: list[list[list[str]]],
         passages: int,
         tokens: int,
     ) -> Lexical:
         """store.lexical_leg over the postings: the query's term counts and its BM25 pool,
         ranked by search.lexical."""
+        # Each term's phrases, one per form (text.fts_forms): FTS5's `"form" OR "form"`.
         stems_of = dict(zip(query.terms, stems, strict=True))
         # A common word is told by its prefixes (text.common_count): only those are read.
         probes = {prefix for term in query.terms for prefix in stem_prefixes(term)}
         cur = await conn.execute(
             "SELECT term, docs FROM terms WHERE user_hash = %s AND term = ANY(%s)",
-            (user_hash, sorted(probes | {s for found in stems for s in found})),
+            (user_hash, sorted(probes | {s for forms in stems for p in forms for s in p})),
         )
         docs: dict[str, int] = dict(await cur.fetchall())
         floor = common_floor(passages)
         common = {p: docs[p] for p in probes if docs.get(p, 0) > floor}
         counts = known_counts(query, common)
         searched = searched_terms(query, common)
-        phrases = [stems_of[term] for term in searched]
+        phrases = [phrase for term in searched for phrase in stems_of[term]]
+        owner = [term for term in searched for _ in stems_of[term]]  # each phrase's term
         # Each searched phrase: the rows holding it, with (tf in text, tf in ids).
         cur = await conn.execute(
             "SELECT p.term, p.chunk_id, p.tf_text, p.tf_ids, c.tokens FROM postings p"
@@ -306,7 +308,10 @@ class PgSearch:
             by_stem.setdefault(term, {})[chunk_id] = (tf_text, tf_ids)
             length[chunk_id] = row_tokens
         held = [await self._phrase(conn, user_hash, phrase, by_stem) for phrase in phrases]
-        counts.update({t: len(h) for t, h in zip(searched, held, strict=True) if t not in counts})
+        rows_of: dict[str, set[int]] = {}  # a term's count: the rows holding any of its forms
+        for term, h in zip(owner, held, strict=True):
+            rows_of.setdefault(term, set()).update(h)
+        counts.update({t: len(rows_of.get(t, ())) for t in searched if t not in counts})
         # FTS5's BM25 over the rows that hold any searched phrase, best first, ties by id.
         idfs = [fts5_idf(passages, len(h)) for h in held]
         avgdl = tokens / passages

@@ -39,13 +39,13 @@ from recall.engines.embedded.search import (
     lexical,
     searched_terms,
 )
-from recall.engines.embedded.text import Query, fts_query, identifier_forms
+from recall.engines.embedded.text import Query, fts_query, fts_text, identifier_forms
 
 log = logging.getLogger("recall.embedded")
 
 DB_DIR = "embedded"
 DB_NAME = "recall.db"
-SCHEMA = "2"  # bump when the table layout or the embedded text changes: the db is then rebuilt
+SCHEMA = "3"  # bump when the table layout or the embedded text changes: the db is then rebuilt
 
 PIECE_CHARS = 1_200  # funes' split size; also about what MiniLM reads before its 256-token cut
 # What is embedded for a piece: the piece itself, then the first CONTEXT_CHARS of the turn before
@@ -55,7 +55,9 @@ PIECE_CHARS = 1_200  # funes' split size; also about what MiniLM reads before it
 CONTEXT_CHARS = 300
 FLUSH_TEXTS = 256  # embed and commit after this many new pieces: bounded memory, steady progress
 # FTS5's tokenizer for the text and ids columns; the PostgreSQL store stems with it too
-# (recall/pg/fts.py), so both rank the same terms.
+# (recall/pg/fts.py), so both rank the same terms. The text column holds text.fts_text of each
+# piece (CJK bigrams, other languages unstemmed), through the SQL function of that name that
+# connect() registers: the table's content stays the piece as stored.
 FTS_TOKENIZER = "porter unicode61"
 
 SCHEMA_SQL = f"""
@@ -81,10 +83,10 @@ CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5 (
     text, ids, content='chunks', content_rowid='id', tokenize='{FTS_TOKENIZER}'
 );
 CREATE TRIGGER IF NOT EXISTS chunks_ins AFTER INSERT ON chunks WHEN new.recalled = 0 BEGIN
-    INSERT INTO fts (rowid, text, ids) VALUES (new.id, new.text, new.ids);
+    INSERT INTO fts (rowid, text, ids) VALUES (new.id, fts_text(new.text), new.ids);
 END;
 CREATE TRIGGER IF NOT EXISTS chunks_del AFTER DELETE ON chunks WHEN old.recalled = 0 BEGIN
-    INSERT INTO fts (fts, rowid, text, ids) VALUES ('delete', old.id, old.text, old.ids);
+    INSERT INTO fts (fts, rowid, text, ids) VALUES ('delete', old.id, fts_text(old.text), old.ids);
 END;
 """
 
@@ -312,6 +314,8 @@ def connect(path: Path, *, create: bool) -> sqlite3.Connection:
     uri = f"file:{urllib.parse.quote(str(path))}?mode={'rwc' if create else 'rw'}"
     con = sqlite3.connect(uri, uri=True, timeout=10.0, isolation_level=None)
     con.execute("PRAGMA busy_timeout = 10000")
+    # The FTS triggers index fts_text(text): every connection that may write or delete a row.
+    con.create_function("fts_text", 1, fts_text, deterministic=True)
     return con
 
 

@@ -32,6 +32,30 @@ STOPWORDS = frozenset(
         "who whom whose why will with would you your",
     )
 )
+# Scripts written without spaces between words: Han (Chinese, Japanese kanji), kana, Hangul.
+# FTS5's unicode61 keeps a run of them as one token (a whole clause), so a query shares no token
+# with the passage unless it is the very clause. A run is read as its overlapping character
+# bigrams instead ("会议室" -> "会议 议室"): most Chinese words are two characters, and a
+# longer word is matched by its bigrams in a row. No dictionary, the same rule for every such
+# language.
+CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
+# The English stemmer (FTS5's porter) applied to German or Spanish cuts suffixes it reads as
+# English ("straße" -> "straß", "hablamos" -> "hablamo"). A word of a passage that does not look
+# English is indexed with this mark after it: a private-use character, a token character to
+# unicode61, on which no porter rule ends, so the word is stored as written. A query searches
+# each of its words both ways (fts_forms); a passage holds one.
+UNSTEMMED = "\ue000"
+# Words distinctly English, few of them shared with German, Spanish or French ("in", "am", "was",
+# "a", "no" are): a passage with none of them among many words is not stemmed as English.
+ENGLISH_WORDS = frozenset(
+    re.findall(
+        r"\w+",
+        "the and of to is that it for you with this are have be not they what we my your our at "
+        "from but or if would can do did there about just been has had were which",
+    )
+)
+ENGLISH_SHARE = 0.05  # one word in twenty: English prose runs at a third and more
+SHORT_PASSAGE = 6  # fewer Latin words than this: English unless a letter says otherwise
 MAX_QUERY_TERMS = 32  # a query is a few words; the cap bounds the FTS work one call can cause
 ID_COVERAGE = 4  # a whole identifier counts as this many words in coverage()
 
@@ -125,6 +149,48 @@ def names_month(text: str, month: int) -> bool:
     )
 
 
+def segmented(text: str) -> str:
+    """``text`` with each run of CJK characters replaced by its overlapping bigrams, spaced
+    (a run of one character stays as it is); other text as it was."""
+    return CJK_RUN.sub(lambda run: f" {' '.join(bigrams(run.group(0)))} ", text)
+
+
+def bigrams(run: str) -> list[str]:
+    return [run] if len(run) < 2 else [run[i : i + 2] for i in range(len(run) - 1)]
+
+
+def stemmable(word: str) -> bool:
+    """Whether porter may change ``word`` (a WORD token): three characters or more, with a
+    letter outside CJK. The index and the query mark and expand by this same test."""
+    return len(word) >= 3 and any(c.isalpha() and not CJK_RUN.match(c) for c in word)
+
+
+def english_looking(text: str) -> bool:
+    """Whether a passage reads as English to the stemmer: a twentieth of its Latin words or
+    more are ENGLISH_WORDS; a short one without such words counts as English unless it has a
+    letter beyond ASCII (ä, ñ, é)."""
+    words = [w for w in WORD.findall(CJK_RUN.sub(" ", text.lower())) if not w.isdigit()]
+    hits = sum(w in ENGLISH_WORDS for w in words)
+    if hits >= ENGLISH_SHARE * len(words):
+        return True
+    return len(words) < SHORT_PASSAGE and text.isascii()
+
+
+def fts_text(text: str) -> str:
+    """What the FTS index holds for a passage's text (both stores): CJK runs as bigrams, and in
+    a passage that does not look English every stemmable word marked UNSTEMMED."""
+    text = segmented(text)
+    if english_looking(text):
+        return text
+    return WORD.sub(lambda w: w.group(0) + UNSTEMMED if stemmable(w.group(0)) else w.group(0), text)
+
+
+def fts_forms(term: str) -> list[str]:
+    """The forms a query term is searched by: as written (porter stems it, as it stems an
+    English passage) and, when stemmable, marked (as a passage in another language holds it)."""
+    return [term, term + UNSTEMMED] if stemmable(term) else [term]
+
+
 def identifiers(text: str) -> list[str]:
     """The identifiers in ``text`` as written, in order, up to MAX_IDENTIFIER_CHARS each."""
     return [
@@ -149,7 +215,7 @@ def query_terms(query: str) -> list[str]:
     Stopwords are dropped unless nothing else is left: they match nearly every row, which costs
     time and adds noise.
     """
-    words = WORD.findall(query.lower())
+    words = WORD.findall(segmented(query.lower()))
     # Single letters (the "t" of "didn't", the "s" of "Caroline's") and one-character parts of
     # ids (the "v" of V-1415, which "v1415" matches exactly) match thousands of rows, cost a third
     # of the search time and say nothing; a single digit on its own ("note 7") stays.
@@ -167,7 +233,11 @@ def query_terms(query: str) -> list[str]:
 def focus_terms(query: str) -> list[str]:
     """What to keep in view when a passage must be cut: identifiers first, then other words."""
     ids = [token.lower() for token in identifiers(query)]
-    words = [w for w in WORD.findall(query.lower()) if w not in STOPWORDS and len(w) > 2]
+    words = [
+        w
+        for w in WORD.findall(segmented(query.lower()))
+        if w not in STOPWORDS and (len(w) > 2 or CJK_RUN.match(w))
+    ]
     return ids + words
 
 
@@ -175,9 +245,9 @@ def fts_query(terms: Sequence[str]) -> str:
     """An OR of quoted terms: no FTS syntax (quotes, NEAR, *, :, -, AND) survives.
 
     Every term is a run of word characters wrapped in double quotes, so FTS5 reads it as a plain
-    string (tokenised and stemmed like the indexed text).
+    string (tokenised and stemmed like the indexed text), in each of its fts_forms.
     """
-    return " OR ".join(f'"{t}"' for t in terms)
+    return " OR ".join(f'"{form}"' for t in terms for form in fts_forms(t))
 
 
 def is_common(word: str, common_stems: Mapping[str, int] | frozenset[str]) -> bool:
@@ -219,7 +289,7 @@ def coverage(
     ``ids`` are the passage's identifier forms when the caller already has them (the index
     stores them): the same forms without reading the text for them again.
     """
-    words = set(WORD.findall(text.lower()))
+    words = set(WORD.findall(segmented(text.lower())))
     held = set(identifier_forms(text) if ids is None else ids)
     # The words' prefixes of each length asked for: a set lookup per term, not a scan of every
     # word per term (a recall scores dozens of passages, on the thread that holds the GIL).
