@@ -267,8 +267,10 @@ def common_count(word: str, common_stems: Mapping[str, int] | frozenset[str]) ->
 
 def stem_prefixes(word: str) -> list[str]:
     """The stems a query word may have in the index, shortest first: the word itself or the
-    word less a suffix of up to 3 letters (never shorter than 3)."""
-    return [word[:n] for n in range(max(len(word) - 3, 3), len(word) + 1)]
+    word less a suffix of up to 3 letters (never shorter than 3); then, for a stemmable word,
+    the word as a passage in another language holds it (marked UNSTEMMED)."""
+    stems = [word[:n] for n in range(max(len(word) - 3, 3), len(word) + 1)]
+    return [*stems, word + UNSTEMMED] if stemmable(word) else stems
 
 
 def coverage(
