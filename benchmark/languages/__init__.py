@@ -136,7 +136,13 @@ def _answers(rng: random.Random, lang: Language, plans: list[dict[str, Any]]) ->
     # Months from March (no "1月" inside "11月"), two-digit days, on the hour or half past.
     slots = [(m, d, h, mi) for m in range(3, 13) for d in range(10, 29) for h in range(8, 18)
              for mi in (0, 30)]  # fmt: skip
-    dates = [lang.date(*slot) for slot in rng.sample(slots, counts["date"])]
+    dates: list[str] = []
+    for slot in rng.sample(slots, len(slots)):
+        if len(dates) == counts["date"]:
+            break
+        text = lang.date(*slot)  # "8点" is inside "8点半": neither goes with the other
+        if not any(text in other or other in text for other in dates):
+            dates.append(text)
     pools = {"ticket": tickets, "owner": owners, "amount": amounts, "date": dates}
     return [pools[plan["kind"]].pop() for plan in plans]
 
@@ -264,6 +270,12 @@ def _check_language(
     """history.py's checks, plus: keys unique per kind, and the paraphrase rule (raises)."""
     ids = rf"(?<![A-Za-z]){lang.ticket_prefix}-\d+(?!\d)"
     _check(conversations, facts, qs, ids, ("ticket",))
+    texts = ["\n".join(turn["text"] for turn in body["turns"]) for body in conversations]
+    for fact in facts:  # every fact's, not only the asked ones: a miss analysis needs them too
+        found = [body["conversation_id"] for body, text in zip(conversations, texts, strict=True)
+                 if fact.answer in text]  # fmt: skip
+        if found != [fact.conversation_id]:
+            raise RuntimeError(f"answer {fact.answer!r} is not unique to {fact.conversation_id}")
     keys = Counter((fact.kind, fact.equipment, fact.detail) for fact in facts)
     for key, count in keys.items():
         if count > 1:
