@@ -54,6 +54,7 @@ FUNCTION_WORDS = frozenset(
         "está",
         "este",
         "esta",
+        "contra",
     ]
 )
 
@@ -79,7 +80,8 @@ def _units(code: str, text: str, names: list[str]) -> set[str]:
         text = text.replace(name, " ")
     if code == "zh":
         runs = re.findall(f"[{HAN}]+", text)
-        return {run[i : i + 2] for run in runs for i in range(len(run) - 1)}
+        grams = {run[i : i + 2] for run in runs for i in range(len(run) - 1)}
+        return {gram for gram in grams if "的" not in gram}  # the particle joins words
     words = re.findall(r"[^\W\d_]{4,}", text.lower())
     return {w[:5] for w in words if w not in FUNCTION_WORDS}
 
@@ -144,27 +146,25 @@ def test_near_identical_facts_differ_only_in_the_building(history: tuple[str, Hi
         assert max(len(buildings) for buildings in by_detail.values()) >= 3, kind
 
 
-def test_long_questions_share_almost_no_content_with_their_fact(
+def test_long_questions_share_no_content_with_their_fact_but_names(
     history: tuple[str, History],
 ) -> None:
     code, h = history
     facts = {f.conversation_id: f for f in h.facts}
     names = _names(code, h)
-    shares = []
     for q in h.questions:
-        asked = _units(code, q.question, names)
-        shared = asked & _units(code, facts[q.conversation_id].sentence, names)
-        shares.append(len(shared) / max(len(asked), 1))
+        fact = facts[q.conversation_id].sentence
+        shared = _units(code, q.question, names) & _units(code, fact, names)
 
-        assert len(shared) <= 2, (q.question, facts[q.conversation_id].sentence, shared)
-    assert sum(shares) / len(shares) <= 0.05
+        assert not shared, (q.question, fact, shared)
 
 
 def test_chinese_is_written_without_spaces_between_han_characters() -> None:
     h = languages.generate("zh", 80)
     texts = [*_texts(h).values(), *(q.question for q in h.questions)]
 
-    assert all(not re.search(f"[{HAN}] +[{HAN}]", text) for text in texts)
+    chinese = f"[{HAN}，。？！：；、]"  # Han characters and Chinese punctuation
+    assert all(not re.search(f"{chinese} +{chinese}", text) for text in texts)
     assert all(re.search(f"[{HAN}]", text) for text in texts)
     assert any("，" in text for text in texts) and any("。" in text for text in texts)
     assert not any(re.search(r"[,.?] ?$", text) for text in texts)  # no ASCII punctuation at ends

@@ -78,7 +78,7 @@ def _terms(table: str) -> tuple[Forms, ...]:
 
 TASKS = _terms("""
 la revisión de la caldera | el chequeo anual de la calefacción | chequeo calefacción
-la limpieza de los canalones | el vaciado de las canaletas del tejado | canaletas tejado
+la limpieza de los canalones | el despeje de los sumideros del tejado | sumideros tejado
 la limpieza de la escalera | el fregado semanal de los rellanos | fregado rellanos
 el mantenimiento del ascensor | la puesta a punto periódica del elevador | puesta a punto elevador
 la revisión de los extintores | el control de los aparatos antiincendios | control antiincendios
