@@ -443,8 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             name = engine if history_name == "ops" else f"{engine}-{history_name}"
             path = RESULTS / f"{name}-{size}.json"
             path.write_text(json.dumps(result, indent=1) + "\n")
-    if len(results) > 1:
-        print("\n" + hits_table(results, env))
+    print("\n" + hits_table(results, env))  # one table over every run above
     if not args.no_save:
         write_report(RESULTS)
     return 0
