@@ -5,6 +5,8 @@
     python -m benchmark.run --report              # redraw the README table and chart only
     python -m benchmark.run --locomo ../shared/data/locomo-dev.json  # real histories (locomo.py)
     python -m benchmark.run --history clinic --sizes 300  # the held-out history (history_clinic.py)
+    python -m benchmark.run --history de es zh --sizes 80 --no-save  # other languages (issue 24)
+    python -m benchmark.run --history zh --sizes 80 --env EMBED_MODEL=... --no-save
 
 Per size and engine: the history (benchmark/history.py) is loaded the way production loads it,
 through POST /turns for small sizes and through `recall-server backfill` for large ones; then a
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -36,7 +39,7 @@ from typing import Any
 import psutil
 from fastmcp import Client
 
-from benchmark import history_clinic
+from benchmark import history_clinic, languages
 from benchmark.history import History, Question, generate
 from recall.conversations import parse_conversation, user_dir_name, write_conversation
 from recall.engines import make_engine
@@ -50,7 +53,15 @@ USER = "bench-user"
 CAP = {3: 4_000, 8: 12_000}  # k=8 needs room for eight passages (the brief: raise both together)
 # The synthetic histories by name, each with its default question count: "ops" is the brief's;
 # "clinic" the held-out one in another domain (issue 9: 60 questions), never tuned on.
-HISTORIES = {"ops": (generate, 100), "clinic": (history_clinic.generate, 60)}
+# "de", "es", "zh": other languages (issue 24, benchmark/languages/), measured at about 80.
+HISTORIES = {
+    "ops": (generate, 100),
+    "clinic": (history_clinic.generate, 60),
+    **{
+        code: (languages.generator(code), languages.DEFAULT_QUESTIONS)
+        for code in languages.LANGUAGES
+    },
+}
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -83,8 +94,16 @@ def disk_mb(path: Path) -> float:
 POSTGRES = "postgres"
 
 
-def server(workdir: Path, engine: str, k: int, database_url: str | None = None) -> LocalServer:
+def server(
+    workdir: Path,
+    engine: str,
+    k: int,
+    database_url: str | None = None,
+    env: dict[str, str] | None = None,
+) -> LocalServer:
+    """A benchmark server; ``env`` adds settings (``--env``, e.g. another EMBED_MODEL)."""
     settings = {"ENGINE": engine, "RECALL_K": str(k), "MAX_RESULT_CHARS": str(CAP[k])}
+    settings.update(env or {})
     settings["LOG_LEVEL"] = "WARNING"
     if os.environ.get("FUNES_BIN"):
         settings["FUNES_BIN"] = os.environ["FUNES_BIN"]
@@ -239,18 +258,27 @@ async def timed_recalls(
 
 
 def measure(
-    size: int, engine: str, questions: int | None = None, seed: int = 7, history_name: str = "ops"
+    size: int,
+    engine: str,
+    questions: int | None = None,
+    seed: int = 7,
+    history_name: str = "ops",
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """One history on one engine; ``env`` goes into the servers' environment (and should be in
+    this process's too, for the engine-alone figures: ``main`` puts it there)."""
     make_history, default_questions = HISTORIES[history_name]
     history = make_history(size, seed=seed, questions=questions or default_questions)
     result: dict[str, Any] = {"size": size, "engine": engine, "history": history_name}
+    if env:
+        result["env"] = dict(env)
     result["questions"] = len(history.questions)
     result["month_questions"] = len(history.month_questions)
     database = postgres().new_database() if engine == POSTGRES else None
     with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-{size}-") as tmp:
         workdir = Path(tmp)
         for k in (3, 8):
-            live = server(workdir, engine, k, database.app_url if database else None)
+            live = server(workdir, engine, k, database.app_url if database else None, env)
             if k == 3 and size > POST_UP_TO:
                 if database is None:
                     result.update(load_by_backfill(live, history.conversations, workdir))
@@ -349,6 +377,14 @@ def run_locomo(path: Path, engine: str, *, post: bool, save: bool) -> None:
         locomo.save(figures, misses, RESULTS)
 
 
+def env_setting(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (the ``--env`` option) as a pair."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--env wants KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmark import locomo  # imported here: it imports this module
 
@@ -360,8 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--questions", type=int, default=None, help="default: 100 (clinic: 60)")
     parser.add_argument(
-        "--history", choices=sorted(HISTORIES), default="ops",
-        help="synthetic history: ops (the brief's) or clinic (held out, another domain)",
+        "--history", choices=sorted(HISTORIES), nargs="+", default=["ops"],
+        help="synthetic histories: ops (the brief's), clinic (held out, another domain), "
+        "de es zh (other languages)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", type=env_setting,
+        help="a setting for the benchmark's servers (and this process), e.g. EMBED_MODEL=...",
     )  # fmt: skip
     parser.add_argument("--no-save", action="store_true", help="print only; keep results/ as is")
     parser.add_argument("--report", action="store_true", help="only redraw table and chart")
@@ -371,32 +412,38 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--post", action="store_true", help="LoCoMo: load by POST /turns")
     args = parser.parse_args(argv)
-    from benchmark.report import write_report
+    from benchmark.report import hits_table, write_report
 
     if args.report:
         write_report(RESULTS)
         return 0
     engines = args.engines or ["embedded", *(["funes"] if os.environ.get("FUNES_BIN") else [])]
+    env = dict(args.env)
+    if env and not args.no_save:
+        parser.error("--env measures another setting, not the record: add --no-save")
+    os.environ.update(env)  # the engine-alone figures build their settings in this process
     if args.locomo:
         for engine in engines:
             run_locomo(args.locomo, engine, post=args.post, save=not args.no_save)
         if not args.no_save:
             write_report(RESULTS, synthetic_too=False)
         return 0
-    for engine in engines:
-        for size in args.sizes:
-            started = time.monotonic()
-            result = measure(size, engine, args.questions, history_name=args.history)
-            result["machine"] = machine()
-            result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-            result["wall_s"] = round(time.monotonic() - started)
-            result["date"] = time.strftime("%Y-%m-%d", time.gmtime())
-            print_result(result)
-            if not args.no_save:
-                RESULTS.mkdir(parents=True, exist_ok=True)
-                name = engine if args.history == "ops" else f"{engine}-{args.history}"
-                path = RESULTS / f"{name}-{size}.json"
-                path.write_text(json.dumps(result, indent=1) + "\n")
+    results = []
+    for history_name, engine, size in itertools.product(args.history, engines, args.sizes):
+        started = time.monotonic()
+        result = measure(size, engine, args.questions, history_name=history_name, env=env)
+        result["machine"] = machine()
+        result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        result["wall_s"] = round(time.monotonic() - started)
+        result["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+        print_result(result)
+        results.append(result)
+        if not args.no_save:
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            name = engine if history_name == "ops" else f"{engine}-{history_name}"
+            path = RESULTS / f"{name}-{size}.json"
+            path.write_text(json.dumps(result, indent=1) + "\n")
+    print("\n" + hits_table(results, env))  # one table over every run above
     if not args.no_save:
         write_report(RESULTS)
     return 0

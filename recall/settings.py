@@ -227,16 +227,16 @@ class Settings(BaseSettings):
     index_concurrency: int = Field(
         2,
         ge=1,
-        description="index runs at once across all users (first due, first run); on the embedded "
-        "engine, the most worker processes it starts",
+        description="index runs at once across all users (first due, first run; with "
+        "STORE=postgres, per replica); on the embedded engine, the most worker processes it starts",
     )
     # A minute: a burst of posts reuses a worker (starting one loads the model, a second or two),
     # while a quiet server soon gives the model's memory back.
     index_worker_idle: float = Field(
         60.0,
         gt=0,
-        description="seconds an idle index worker of the embedded engine keeps its model loaded "
-        "before it exits",
+        description="seconds an idle index worker keeps its model loaded before it exits (either "
+        "store)",
     )
 
     # Retention: 0 keeps everything, the safe default (forgetting cannot be undone); an hour

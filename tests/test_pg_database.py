@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -57,8 +58,9 @@ async def test_a_users_transaction_sees_and_writes_only_that_users_rows(db: Data
     async with db.user(ALICE) as conn:
         assert await count(conn, "users") == 1
         assert await count(conn, "conversations") == 1
-        # and a row for bob is refused
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+    # and a row for bob is refused
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        async with db.user(ALICE) as conn:
             await conn.execute("INSERT INTO users (user_hash) VALUES (%s)", (BOB,))
 
 
@@ -80,10 +82,10 @@ async def test_the_setting_lasts_one_transaction_only(db: Database) -> None:
 
 
 async def test_a_read_only_transaction_refuses_writes(db: Database) -> None:
-    async with db.user(ALICE, read_only=True, repeatable=True) as conn:
-        cur = await conn.execute("SHOW transaction_isolation")
-        assert await cur.fetchone() == ("repeatable read",)
-        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        async with db.user(ALICE, read_only=True, repeatable=True) as conn:
+            cur = await conn.execute("SHOW transaction_isolation")
+            assert await cur.fetchone() == ("repeatable read",)
             await conn.execute("INSERT INTO users (user_hash) VALUES (%s)", (ALICE,))
 
 
@@ -92,6 +94,19 @@ async def test_a_failed_block_writes_nothing(db: Database) -> None:
         async with db.user(ALICE) as conn:
             await conn.execute("INSERT INTO users (user_hash) VALUES (%s)", (ALICE,))
             raise RuntimeError("the caller's own failure")
+    async with db.user(ALICE) as conn:
+        assert await count(conn, "users") == 0
+
+
+async def test_a_block_whose_statement_failed_never_ends_as_if_committed(db: Database) -> None:
+    # given a block that wrote, then swallowed a failed statement (the transaction is aborted:
+    # PostgreSQL answers its COMMIT with ROLLBACK, and no error)
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+        async with db.user(ALICE) as conn:
+            await conn.execute("INSERT INTO users (user_hash) VALUES (%s)", (ALICE,))
+            with contextlib.suppress(psycopg.errors.DivisionByZero):
+                await conn.execute("SELECT 1 / 0")
+    # then its end raised (a caller never acknowledges it), and nothing was written
     async with db.user(ALICE) as conn:
         assert await count(conn, "users") == 0
 

@@ -112,7 +112,14 @@ class Database:
             conn = await self._begin(opening)
             try:
                 yield conn
-                await conn.execute("COMMIT")
+                cur = await conn.execute("COMMIT")
+                # A block that swallowed a failed statement left the transaction aborted: its
+                # COMMIT is answered ROLLBACK, with no error. It must never end as if committed
+                # (a 202 for nothing stored).
+                if cur.statusmessage != "COMMIT":
+                    raise psycopg.errors.InFailedSqlTransaction(
+                        "the transaction was rolled back at its end (a statement in it failed)"
+                    )
             except BaseException:
                 if not conn.closed:  # a failed rollback leaves the pool to discard it
                     with suppress(psycopg.Error):

@@ -14,9 +14,12 @@ FTS5's own (recall/pg/fts.py). A run renews its lease while it goes on; a replic
 stopped) mid-run leaves it to run out, and another replica claims the user and finishes: every
 flush was one transaction, and a flush whose lease is no longer its own writes nothing.
 
-Embedding and stemming run on a pool of `concurrency` threads, never on the event loop. The
-embedder is the caller's (onnxruntime runs one session from several threads); a replica gives
-its index runs a model instance of their own (recall.pg.store.from_settings).
+Embedding runs in the index worker processes at background priority (recall/engines/embedded/
+worker.py, as the files store's runs do), so an index run never takes the cores from a request:
+in the server's process, on threads, a replica's ingest fell from 476 posts/s to 168/s while
+index runs went on (benchmark/README.md, "Replicas under load"). Without workers (tests, the
+benchmark's in-process runs) the caller's embedder embeds on a pool of `concurrency` threads.
+Stemming runs on that pool either way, never on the event loop.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psycopg
@@ -53,6 +57,9 @@ from recall.engines.embedded.store import (
 from recall.pg.database import Connection, Database
 from recall.pg.fts import Counted, count_terms
 from recall.store import StoreUnavailable
+
+if TYPE_CHECKING:  # the worker module runs as a program (`-m`): never import it on the way there
+    from recall.engines.embedded.worker import IndexWorkers
 
 log = logging.getLogger("recall.pg.index")
 
@@ -241,9 +248,11 @@ class IndexRunner:
         lease_seconds: float = 30.0,
         poll_seconds: float = 0.5,
         timeout: float,
+        workers: IndexWorkers | None = None,
     ) -> None:
         self.db = db
-        self.embedder = embedder
+        self.embedder = embedder  # names the vectors (the fingerprint); embeds without workers
+        self.workers = workers
         self.debounce = debounce
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
@@ -268,6 +277,8 @@ class IndexRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.workers is not None:
+            await self.workers.close()
         self._pool.shutdown(wait=True)
 
     @property
@@ -506,10 +517,20 @@ class IndexRunner:
             works.append(_Work(conv, version, drop, write))
         return works
 
-    def _prepare(self, pending: list[_Work]) -> None:
-        """On a pool thread: embed what has no vector yet, and count each new row's terms."""
+    async def _embed(self, rows: list[_Row]) -> None:
+        """Give the rows that have no vector yet theirs: in the workers, else on a pool thread."""
+        if self.workers is None:
+            await run_in(self._pool, embed_missing, rows, self.embedder, np.asarray)
+            return
+        todo = [row for row in rows if row.vec is None]
+        vectors = await self.workers.embed([row.embed_text for row in todo], self.timeout)
+        for row, vec in zip(todo, vectors, strict=True):
+            row.vec = vec
+
+    @staticmethod
+    def _count(pending: list[_Work]) -> None:
+        """On a pool thread: count each new row's terms."""
         rows = [row for work in pending for row in work.write]
-        embed_missing(rows, self.embedder, np.asarray)
         counted = iter(count_terms([(row.text, row.ids) for row in rows]))
         for work in pending:
             work.counted = [next(counted) for _ in work.write]
@@ -517,7 +538,8 @@ class IndexRunner:
     async def _flush(self, user_hash: str, pending: list[_Work]) -> None:
         """Write the pending conversations in one transaction; those forgotten or rewritten
         since they were read are left for the next run (their post bumped `changes`)."""
-        await run_in(self._pool, self._prepare, pending)
+        await self._embed([row for work in pending for row in work.write])
+        await run_in(self._pool, self._count, pending)
         async with self._locked(user_hash) as conn:
             cur = await conn.execute(
                 "SELECT conversation_id, version FROM conversations"

@@ -532,20 +532,30 @@ def from_settings(settings: Settings) -> PgStore:
     be loaded."""
     from recall.embedder import QUERY_THREADS
     from recall.engines import configured_embedder
+    from recall.engines.embedded.worker import IndexWorkers
 
     assert settings.database_url is not None  # Settings.problems() requires it
-    # Queries on few threads (as the embedded engine); index runs on a model instance of their
-    # own, on the embedder's default threads.
+    # This process embeds queries only (on few threads, as the embedded engine); index runs
+    # embed in worker processes of their own, as the files store's do.
     queries = configured_embedder(settings, QUERY_THREADS)
-    runs = configured_embedder(settings)
+    workers = IndexWorkers(
+        settings.index_concurrency,
+        settings.embed_model_dir,
+        settings.embed_pooling,
+        int8=settings.embed_compute == "int8",
+        idle_exit=settings.index_worker_idle,
+        log_level=settings.log_level,
+        log_format=settings.log_format,
+    )
     database = Database(settings.database_url, settings.database_pool)
     runner = IndexRunner(
         database,
-        runs,
+        queries,
         debounce=settings.index_debounce,
         concurrency=settings.index_concurrency,
         lease_seconds=settings.index_lease,
         timeout=settings.index_timeout,
+        workers=workers,
     )
     search = PgSearch(
         database,

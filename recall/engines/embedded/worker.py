@@ -8,21 +8,29 @@ to 450 ms with them in-process). A worker is its own process: it can be given th
 the CPU without ever holding up the server.
 
 Server side, `IndexWorkers`: at most `size` workers, started when first needed and kept (each
-loads the model once), one run at a time each. A run is a line of JSON on the worker's stdin,
-``{"home": ..., "timeout": ...}``, answered by a line ``{"error": null}`` or ``{"error": "..."}``
-on its stdout. A run whose caller gives up (shutdown) or that overruns its timeout by far kills
-its worker's process group: safe, since each flush is one SQLite transaction (tests/test_crash.py
-kills whole servers mid-run), and the next run starts a fresh worker. A worker that dies mid-run
-fails that run (EngineError), and the scheduler retries at the next write or failed recall.
+loads the model once), one request at a time each. A request is a line of JSON on the worker's
+stdin, answered by a line of JSON on its stdout, ``{"error": null, ...}`` or ``{"error": "..."}``:
+
+- ``{"home": ..., "timeout": ...}``: an index run of a files-store user (the embedded engine);
+- ``{"embed": [text, ...]}``: the texts' vectors, ``{"error": null, "vectors": <base64 of the
+  float32 rows>}`` (the PostgreSQL store's index runs, recall/pg/index.py: their reads and writes
+  stay in the server, the embedding does not).
+
+A request whose caller gives up (shutdown) or that overruns its timeout by far kills its
+worker's process group: safe, since each flush is one SQLite or PostgreSQL transaction
+(tests/test_crash.py kills whole servers mid-run), and the next request starts a fresh worker. A
+worker that dies mid-request fails that run (EngineError), and the run is retried later (the
+files store: at the next write or failed recall; PostgreSQL: when the user is due again).
 
 Worker side, ``python -m recall.engines.embedded.worker``: lowers its priority, dies with the
-server (PR_SET_PDEATHSIG), loads the model, then answers runs until its stdin closes.
+server (PR_SET_PDEATHSIG), loads the model, then answers requests until its stdin closes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import ctypes
 import json
@@ -30,6 +38,9 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from recall.concurrency import kill_group
 from recall.engines.base import EngineError
@@ -43,7 +54,10 @@ STARTUP_TIMEOUT = 120.0  # loading the model takes a second or two; far more mea
 # How much lower than the server a worker runs where SCHED_IDLE is missing (run_in_background):
 # a worker gets about a tenth of a contended core; on an idle machine, all of it.
 BACKGROUND_NICENESS = 10
-MAX_ANSWER_BYTES = 64 * 1024  # an answer is one short line; anything longer is a broken worker
+# An answer is one line: a short one, or the vectors of one embed request (EMBED_TEXTS rows);
+# anything longer is a broken worker.
+EMBED_TEXTS = 256  # texts per embed request: an index flush's worth (FLUSH_TEXTS)
+MAX_ANSWER_BYTES = 16 * 2**20
 # What a broken or dead worker raises here: a closed pipe, an answer that is not ours, no answer.
 WORKER_FAILURES = (OSError, ValueError, KeyError, TypeError, TimeoutError)
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent thread ends
@@ -55,16 +69,18 @@ class _Worker:
         self.proc = proc
         self.retirement: asyncio.TimerHandle | None = None  # while idle: when it is let go
 
-    async def ask(self, home: Path, timeout: float) -> str | None:
-        """One index run; its error message, or None when it succeeded."""
+    async def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One request; the worker's answer (its "error" None when it succeeded)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"home": str(home), "timeout": timeout}).encode() + b"\n")
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
         await self.proc.stdin.drain()
         line = await asyncio.wait_for(self.proc.stdout.readline(), timeout + KILL_AFTER_DEADLINE)
         if not line.endswith(b"\n"):
             raise EngineError("embedded index worker exited during a run")
-        error = json.loads(line)["error"]
-        return None if error is None else str(error)
+        answer = json.loads(line)
+        if not isinstance(answer, dict) or "error" not in answer:
+            raise ValueError("not an answer")
+        return answer
 
     async def kill(self) -> None:
         await kill_group(self.proc, KILL_GRACE)
@@ -100,6 +116,23 @@ class IndexWorkers:
     async def run(self, home: Path, timeout: float) -> None:
         """One index run of ``home`` in a worker, stopping at its next flush after ``timeout``
         seconds (the engine's INDEX_TIMEOUT)."""
+        await self._call({"home": str(home), "timeout": timeout}, timeout)
+
+    async def embed(self, texts: list[str], timeout: float) -> np.ndarray:
+        """The texts' unit vectors, one float32 row each, embedded in workers (EMBED_TEXTS at a
+        time); EngineError when a worker fails or overruns ``timeout`` by far."""
+        parts = []
+        for start in range(0, len(texts), EMBED_TEXTS):
+            batch = texts[start : start + EMBED_TEXTS]
+            answer = await self._call({"embed": batch}, timeout)
+            try:
+                rows = np.frombuffer(base64.b64decode(answer["vectors"]), dtype=np.float32)
+                parts.append(rows.reshape(len(batch), -1))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise EngineError("index worker answered no vectors") from exc
+        return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+
+    async def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         async with self._slots:
             # One that died while idle (the OOM killer, an operator) is replaced by a new one.
             self._idle = [w for w in self._idle if w.proc.returncode is None]
@@ -108,7 +141,7 @@ class IndexWorkers:
                 worker.retirement.cancel()
             self._busy.add(worker)
             try:
-                error = await worker.ask(home, timeout)
+                answer = await worker.ask(request, timeout)
             except BaseException as exc:  # cancelled, overran, died, or answered nonsense
                 await worker.kill()
                 if isinstance(exc, WORKER_FAILURES):
@@ -120,8 +153,9 @@ class IndexWorkers:
             worker.retirement = asyncio.get_running_loop().call_later(
                 self.idle_exit, self._retire, worker
             )
-        if error is not None:
-            raise EngineError(error)
+        if answer["error"] is not None:
+            raise EngineError(str(answer["error"]))
+        return answer
 
     def _retire(self, worker: _Worker) -> None:
         """Let a worker idle for INDEX_WORKER_IDLE go, and the model's memory with it: it exits
@@ -210,13 +244,16 @@ def main(argv: list[str] | None = None) -> None:
     out.flush()
     for line in sys.stdin.buffer:
         request = json.loads(line)
-        stop = RunStop(float(request["timeout"]))
-        try:
-            index_sources(Path(request["home"]), embedder, stop)
-            error = None
-        except EngineError as exc:
-            error = str(exc)
-        out.write(json.dumps({"error": error}).encode() + b"\n")
+        answer: dict[str, Any] = {"error": None}
+        if "embed" in request:
+            vectors = np.ascontiguousarray(embedder.embed(request["embed"]), dtype=np.float32)
+            answer["vectors"] = base64.b64encode(vectors.tobytes()).decode("ascii")
+        else:
+            try:
+                index_sources(Path(request["home"]), embedder, RunStop(float(request["timeout"])))
+            except EngineError as exc:
+                answer["error"] = str(exc)
+        out.write(json.dumps(answer).encode() + b"\n")
         out.flush()
 
 

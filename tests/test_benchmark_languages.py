@@ -1,0 +1,224 @@
+"""The other-language histories (issue 24): deterministic, unambiguous, written in each
+language's own form, with questions that name their fact by other words."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmark import languages
+from benchmark.history import History
+from benchmark.report import hits_table
+from benchmark.run import HISTORIES, env_setting, server
+from recall.conversations import parse_conversation
+
+CODES = ("de", "es", "zh")
+HAN = "\u4e00-\u9fff"
+# Function words, listed here independently of the generators' own lists.
+FUNCTION_WORDS = frozenset(
+    [
+        "dass",
+        "eine",
+        "einen",
+        "einem",
+        "einer",
+        "noch",
+        "schon",
+        "welche",
+        "welcher",
+        "welchen",
+        "welchem",
+        "haben",
+        "hatten",
+        "wird",
+        "wurde",
+        "über",
+        "unter",
+        "nach",
+        "nicht",
+        "dann",
+        "para",
+        "como",
+        "cuál",
+        "cuándo",
+        "cuánto",
+        "quién",
+        "desde",
+        "hasta",
+        "sobre",
+        "esto",
+        "está",
+        "este",
+        "esta",
+        "contra",
+    ]
+)
+
+
+@pytest.fixture(scope="module", params=CODES)
+def history(request: pytest.FixtureRequest) -> tuple[str, History]:
+    return request.param, languages.generate(request.param, 80)
+
+
+def _texts(h: History) -> dict[str, str]:
+    return {b["conversation_id"]: "\n".join(t["text"] for t in b["turns"]) for b in h.conversations}
+
+
+def _names(code: str, h: History) -> list[str]:
+    """The buildings (as the facts name them) and the staff: what a question may share."""
+    lang = languages.LANGUAGES[code]()
+    return [*(f.equipment for f in h.facts), *lang.people]
+
+
+def _units(code: str, text: str, names: list[str]) -> set[str]:
+    """Words of four letters or more by their first five (German, Spanish), or Han bigrams."""
+    for name in sorted(names, key=len, reverse=True):
+        text = text.replace(name, " ")
+    if code == "zh":
+        runs = re.findall(f"[{HAN}]+", text)
+        grams = {run[i : i + 2] for run in runs for i in range(len(run) - 1)}
+        return {gram for gram in grams if "的" not in gram}  # the particle joins words
+    words = re.findall(r"[^\W\d_]{4,}", text.lower())
+    return {w[:5] for w in words if w not in FUNCTION_WORDS}
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_same_seed_gives_byte_identical_history(code: str) -> None:
+    first, second = languages.generate(code, 80, seed=3), languages.generate(code, 80, seed=3)
+
+    assert json.dumps(first.conversations) == json.dumps(second.conversations)
+    assert first.questions == second.questions
+    assert json.dumps(languages.generate(code, 80, seed=4).conversations) != json.dumps(
+        first.conversations
+    )
+
+
+def test_every_body_is_accepted_by_the_turns_route(history: tuple[str, History]) -> None:
+    _, h = history
+    for body in h.conversations:
+        conversation = parse_conversation(body)
+
+        assert [line["role"] for line in conversation.lines] == ["user", "assistant"] * 3
+
+
+def test_sixty_questions_balanced_by_kind_on_distinct_conversations(
+    history: tuple[str, History],
+) -> None:
+    _, h = history
+
+    assert len(h.conversations) == 80 and len(h.questions) == 60
+    assert len({q.conversation_id for q in h.questions}) == 60
+    assert {kind: sum(q.kind == kind for q in h.questions) for kind in languages.KINDS} == {
+        kind: 15 for kind in languages.KINDS
+    }
+
+
+def test_every_answer_occurs_in_exactly_one_conversation(history: tuple[str, History]) -> None:
+    _, h = history
+    texts = _texts(h)
+
+    for item in [*h.questions, *h.facts]:
+        assert [cid for cid, text in texts.items() if item.answer in text] == [
+            item.conversation_id
+        ], item.answer
+    assert len({f.answer for f in h.facts}) == len(h.facts)
+
+
+def test_questions_never_contain_their_answer_or_an_id(history: tuple[str, History]) -> None:
+    _, h = history
+    for q in h.questions:
+        assert q.answer not in q.question and q.answer not in q.short_query
+        assert not re.search(r"[A-Z]{2}-\d", q.question + q.short_query)  # nothing to match by id
+
+
+def test_near_identical_facts_differ_only_in_the_building(history: tuple[str, History]) -> None:
+    _, h = history
+    for kind in languages.KINDS:
+        by_detail: dict[str, set[str]] = {}
+        for fact in h.facts:
+            if fact.kind == kind:
+                by_detail.setdefault(fact.detail, set()).add(fact.equipment)
+
+        assert max(len(buildings) for buildings in by_detail.values()) >= 3, kind
+
+
+def test_long_questions_share_no_content_with_their_fact_but_names(
+    history: tuple[str, History],
+) -> None:
+    code, h = history
+    facts = {f.conversation_id: f for f in h.facts}
+    names = _names(code, h)
+    for q in h.questions:
+        fact = facts[q.conversation_id].sentence
+        shared = _units(code, q.question, names) & _units(code, fact, names)
+
+        assert not shared, (q.question, fact, shared)
+
+
+def test_chinese_is_written_without_spaces_between_han_characters() -> None:
+    h = languages.generate("zh", 80)
+    texts = [*_texts(h).values(), *(q.question for q in h.questions)]
+
+    chinese = f"[{HAN}，。？！：；、]"  # Han characters and Chinese punctuation
+    assert all(not re.search(f"{chinese} +{chinese}", text) for text in texts)
+    assert all(re.search(f"[{HAN}]", text) for text in texts)
+    assert any("，" in text for text in texts) and any("。" in text for text in texts)
+    assert not any(re.search(r"[,.?] ?$", text) for text in texts)  # no ASCII punctuation at ends
+
+
+def test_german_articles_follow_the_street_and_spanish_ones_contract() -> None:
+    german = "\n".join(_texts(languages.generate("de", 80)).values())
+    spanish = "\n".join(_texts(languages.generate("es", 80)).values())
+
+    assert re.search(r"\bim \w+weg\b", german) and re.search(r"\bin der \w+straße\b", german)
+    assert not re.search(r"\b(?:im|vom) \w+(?:straße|allee|gasse)\b", german)
+    assert not re.search(r"\b(?:in|von) der \w+(?:weg|ring|platz)\b", german)
+    assert "del paseo" in spanish or "en el paseo" in spanish
+    assert not re.search(r"\b(?:de|a) el\b", spanish)
+    assert not re.search(r"\bla \w+ [^.,;]* programado\b", spanish)
+
+
+def test_the_check_refuses_an_answer_found_in_a_second_conversation() -> None:
+    h = languages.generate("de", 80)
+    lang = languages.LANGUAGES["de"]()
+    bodies = copy.deepcopy(h.conversations)
+    asked = next(q for q in h.questions if q.kind == "owner")
+    other = next(b for b in bodies if b["conversation_id"] != asked.conversation_id)
+    other["turns"][5]["text"] += f" War das nicht auch {asked.answer}?"
+    places = [{"name": f.equipment} for f in h.facts]
+
+    with pytest.raises(RuntimeError, match="not unique"):
+        languages._check_language(lang, bodies, h.facts, h.questions, places)
+
+
+def test_the_runner_knows_the_three_languages() -> None:
+    for code in CODES:
+        make_history, questions = HISTORIES[code]
+
+        assert questions == 60
+        assert make_history(8, seed=7, questions=questions).questions
+
+
+def test_env_settings_reach_the_benchmark_server(tmp_path: Path) -> None:
+    key, value = env_setting("EMBED_MODEL=some-model")
+    live = server(tmp_path, "embedded", 3, env={key: value})
+
+    assert live.env["EMBED_MODEL"] == "some-model" and live.env["RECALL_K"] == "3"
+    with pytest.raises(Exception, match="KEY=VALUE"):
+        env_setting("EMBED_MODEL")
+
+
+def test_the_languages_table_names_its_settings() -> None:
+    row = {"history": "zh", "engine": "embedded", "size": 80, "questions": 60,
+           "hit@3_long": 0.25, "hit@3_short": 0.5, "hit@8_long": 0.4, "hit@8_short": 0.75,
+           "machine": "test box", "load_average_at_end": [1.0, 2.0, 3.0]}  # fmt: skip
+
+    table = hits_table([row], {"EMBED_MODEL": "m"})
+
+    assert table.startswith("Settings: EMBED_MODEL=m")
+    assert "| zh | embedded | 80 | 60 | 25% / 50% | 40% / 75% |" in table
+    assert hits_table([row], {}).startswith("Settings: defaults")
