@@ -11,6 +11,7 @@ from recall.settings import ConfigError, Settings
 
 if TYPE_CHECKING:  # onnxruntime is heavy: imported only where a model is loaded
     from recall.embedder import Embedder
+    from recall.engines.embedded.worker import IndexWorkers
 
 log = logging.getLogger("recall")
 
@@ -33,25 +34,12 @@ def make_engine(settings: Settings) -> Engine:
     # Imported here: onnxruntime is heavy, and a funes deployment never needs it.
     from recall.embedder import QUERY_THREADS
     from recall.engines.embedded import EmbeddedEngine
-    from recall.engines.embedded.worker import IndexWorkers
 
-    model, pooling = settings.embed_model_dir, settings.embed_pooling
-    int8 = settings.embed_compute == "int8"
     # This process embeds queries only; index runs embed in worker processes of their own.
     embedder = configured_embedder(settings, QUERY_THREADS)
-    workers = IndexWorkers(
-        settings.index_concurrency,
-        model,
-        pooling,
-        int8=int8,
-        model_name=settings.embed_model,
-        idle_exit=settings.index_worker_idle,
-        log_level=settings.log_level,
-        log_format=settings.log_format,
-    )
     return EmbeddedEngine(
         embedder,
-        index_workers=workers,
+        index_workers=index_workers(settings),
         k=settings.recall_k,
         candidates=settings.recall_candidates,
         max_chars=settings.max_result_chars,
@@ -80,3 +68,20 @@ def configured_embedder(settings: Settings, threads: int | None = None) -> Embed
         )
     except (OSError, ValueError) as exc:
         raise ConfigError(f"embedding model: {exc}") from exc
+
+
+def index_workers(settings: Settings) -> IndexWorkers:
+    """The index worker processes, loading the EMBED_* model the queries are embedded with
+    (both stores: a passage must be embedded as its queries are)."""
+    from recall.engines.embedded.worker import IndexWorkers
+
+    return IndexWorkers(
+        settings.index_concurrency,
+        settings.embed_model_dir,
+        settings.embed_pooling,
+        int8=settings.embed_compute == "int8",
+        model_name=settings.embed_model,
+        idle_exit=settings.index_worker_idle,
+        log_level=settings.log_level,
+        log_format=settings.log_format,
+    )

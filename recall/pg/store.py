@@ -531,22 +531,13 @@ def from_settings(settings: Settings) -> PgStore:
     ranking over the database, and the index runs it claims. ConfigError when the model cannot
     be loaded."""
     from recall.embedder import QUERY_THREADS
-    from recall.engines import configured_embedder
-    from recall.engines.embedded.worker import IndexWorkers
+    from recall.engines import configured_embedder, index_workers
 
     assert settings.database_url is not None  # Settings.problems() requires it
     # This process embeds queries only (on few threads, as the embedded engine); index runs
     # embed in worker processes of their own, as the files store's do.
     queries = configured_embedder(settings, QUERY_THREADS)
-    workers = IndexWorkers(
-        settings.index_concurrency,
-        settings.embed_model_dir,
-        settings.embed_pooling,
-        int8=settings.embed_compute == "int8",
-        idle_exit=settings.index_worker_idle,
-        log_level=settings.log_level,
-        log_format=settings.log_format,
-    )
+    workers = index_workers(settings)
     database = Database(settings.database_url, settings.database_pool)
     runner = IndexRunner(
         database,
