@@ -11,7 +11,8 @@ credential -> redaction.py; decides when to index -> scheduler.py; runs work on 
 concurrency.py; forgets, erases, keeps tombstones or receipts, applies retention -> lifecycle.py;
 records a recall -> audit.py; serves the person's memory page -> memory_api.py (its files in
 static/); searches -> one engine behind engines/base.py; reads the environment or refuses a
-configuration -> settings.py; formats a log line -> logs.py; tells an operator whether it is ready
+configuration -> settings.py; turns text into vectors -> embedder.py (the multilingual model:
+multilingual.py); formats a log line -> logs.py; tells an operator whether it is ready
 or how it is doing (/readyz, /metrics) -> metrics.py; starts a real server for tests, the benchmark
 or a demo -> testing.py (the seeded demo in Chromium -> demo.py). In the embedded engine
 (engines/embedded/): a word rule -> text.py; what is stored -> store.py (with a SCHEMA bump); how
