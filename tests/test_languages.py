@@ -21,6 +21,8 @@ from conftest import Backing, Server, conversation
 
 from recall import testing
 from recall.embedder import MULTILINGUAL
+from recall.engines.embedded.text import UNSTEMMED
+from recall.pg.fts import count_terms, phrase_stems
 
 USERS = ("hanna", "lucia", "wei", "emma")
 MODEL = MULTILINGUAL
@@ -250,3 +252,18 @@ async def test_the_other_users_facts_stay_theirs(multilingual: Server) -> None:
     # Hanna's search never reaches Wei's chats, in any language
     found = await multilingual.recall("hanna", "小区什么时候停水？")
     assert "下周三" not in found
+
+
+def test_german_words_are_indexed_as_written_and_english_ones_stemmed() -> None:
+    # Given a German passage with two words the English stemmer makes one ("Messe", the trade
+    # fair, and "Messer", the knife: both "mess"), and an English passage
+    german = "Wir fahren nächste Woche zur Messe nach Hannover, das Messer bleibt in der Küche."
+    english = "The upgrades were approved for all the racks in the new hall."
+    # When both are tokenised as the index holds them (both stores: FTS5's own tokenizer)
+    de, en = count_terms([(german, ""), (english, "")])
+    # Then the German words stay two words, and the English ones are stemmed as before
+    assert {"messe" + UNSTEMMED, "messer" + UNSTEMMED} <= set(de.tf)
+    assert "mess" not in de.tf
+    assert {"upgrad", "approv", "rack"} <= set(en.tf)
+    # And a query word is searched both ways: as an English passage and as a German one holds it
+    assert phrase_stems(["messer"]) == [[["messer"], ["messer" + UNSTEMMED]]]
