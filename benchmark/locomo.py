@@ -501,11 +501,14 @@ def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
     """Today's embedded engine at each k's settings, sharing one embedding model."""
     from recall.embedder import PACKAGED, load_embedder
     from recall.engines.embedded import EmbeddedEngine
+    from recall.settings import MODEL_MIN_SIMILARITY
 
-    embedder = load_embedder(model_dir, model=os.environ.get("EMBED_MODEL", PACKAGED))
+    model = os.environ.get("EMBED_MODEL", PACKAGED)
+    embedder = load_embedder(model_dir, model=model)
     return {
         k: EmbeddedEngine(
             embedder,
+            min_similarity=MODEL_MIN_SIMILARITY[model],
             k=int(values["RECALL_K"]),
             candidates=int(values["RECALL_CANDIDATES"]),
             max_chars=int(values["MAX_RESULT_CHARS"]),
@@ -538,8 +541,10 @@ async def ask_postgres(
     from recall.pg.index import IndexRunner
     from recall.pg.search import PgSearch
     from recall.pg.store import PgStore
+    from recall.settings import MODEL_MIN_SIMILARITY
 
-    embedder = load_embedder(model_dir, model=os.environ.get("EMBED_MODEL", PACKAGED))
+    model = os.environ.get("EMBED_MODEL", PACKAGED)
+    embedder = load_embedder(model_dir, model=model)
     db = Database(database_url, 4)
     store = PgStore(db, debounce=3600.0)  # no run claims a history before it is all posted
     runner = IndexRunner(db, embedder, debounce=0.0, concurrency=1, timeout=3600.0)
@@ -547,6 +552,7 @@ async def ask_postgres(
         k: PgSearch(
             db,
             embedder,
+            min_similarity=MODEL_MIN_SIMILARITY[model],
             k=int(values["RECALL_K"]),
             candidates=int(values["RECALL_CANDIDATES"]),
             max_chars=int(values["MAX_RESULT_CHARS"]),

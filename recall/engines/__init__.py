@@ -44,7 +44,7 @@ def make_engine(settings: Settings) -> Engine:
         candidates=settings.recall_candidates,
         max_chars=settings.max_result_chars,
         half_life_days=settings.recall_half_life_days,
-        min_similarity=settings.recall_min_similarity,
+        min_similarity=settings.min_similarity(),
         cache_bytes=settings.vector_cache_mb * 2**20,
         index_timeout=settings.index_timeout,
         index_concurrency=settings.index_concurrency,

@@ -555,7 +555,7 @@ def from_settings(settings: Settings) -> PgStore:
         candidates=settings.recall_candidates,
         max_chars=settings.max_result_chars,
         half_life_days=settings.recall_half_life_days,
-        min_similarity=settings.recall_min_similarity,
+        min_similarity=settings.min_similarity(),
         recall_concurrency=settings.recall_concurrency,
         cache_bytes=settings.vector_cache_mb * 2**20,
     )
