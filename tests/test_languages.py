@@ -267,3 +267,14 @@ def test_german_words_are_indexed_as_written_and_english_ones_stemmed() -> None:
     assert {"upgrad", "approv", "rack"} <= set(en.tf)
     # And a query word is searched both ways: as an English passage and as a German one holds it
     assert phrase_stems(["messer"]) == [[["messer"], ["messer" + UNSTEMMED]]]
+
+
+async def test_a_question_about_something_never_mentioned_finds_nothing_on_the_multilingual_model(
+    multilingual: Server,
+) -> None:
+    # Given Emma's chats, none of which mentions a dog or a vet
+    # When she asks about one (the multilingual model puts every text at a cosine of 0.75 and
+    # above: its floor is its own, not MiniLM's 0.3)
+    found = await multilingual.recall("emma", "What did the vet say about the dog's diet?")
+    # Then nothing is shown as a match
+    assert found == "Nothing relevant found in earlier conversations.", found
