@@ -49,6 +49,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on loopback ``port`` (Linux's /proc;
+    True where there is no /proc to ask)."""
+    try:
+        tables = [Path(f"/proc/net/{kind}").read_text() for kind in ("tcp", "tcp6")]
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return not Path("/proc/net/tcp").exists()
+    listening = set()
+    for line in "".join(tables).splitlines()[1:]:
+        fields = line.split()
+        # local address "0100007F:1F40" (hex port), state 0A = LISTEN, inode
+        if len(fields) > 9 and fields[3] == "0A" and fields[1].endswith(f":{port:04X}"):
+            listening.add(f"socket:[{fields[9]}]")
+    held = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            held.add(os.readlink(fd))
+    return bool(listening & held)
+
+
 @dataclass
 class LocalServer:
     data_dir: Path
@@ -80,24 +101,37 @@ class LocalServer:
         return self.env["INGEST_KEY"]
 
     def start(self, timeout: float = 60) -> LocalServer:
-        self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "recall_server.py")],
-            env=self.env,
-            stdout=open(self.log_path, "ab"),  # noqa: SIM115 - the child owns it
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
+        """Start it and wait for /healthz, answered by this process: a port that another program
+        took between free_port() and the bind (other tests, other test workers) makes the server
+        exit with "address already in use", and it starts again on another free port."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
+        while True:
+            logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+            self.process = subprocess.Popen(
+                [sys.executable, str(ROOT / "recall_server.py")],
+                env=self.env,
+                stdout=open(self.log_path, "ab"),  # noqa: SIM115 - the child owns it
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    if "address already in use" not in self.log()[logged:]:
+                        raise RuntimeError(f"server exited early:\n{self.log()}")
+                    self.env["PORT"] = str(free_port())
+                    break
+                if self._answers() and listens(self.process.pid, int(self.env["PORT"])):
+                    return self
                 time.sleep(0.1)
-        raise RuntimeError(f"server did not start:\n{self.log()}")
+            else:
+                raise RuntimeError(f"server did not start:\n{self.log()}")
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False
 
     def replica(self, log_name: str) -> LocalServer:
         """Another server (not yet started) with these settings, key and tokens on a port of its
