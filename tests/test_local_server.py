@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psycopg
 import pytest
 from conftest import make_server
+from pg import NoPostgres, PgServer
 
 from recall.testing import listens
 
@@ -60,3 +62,25 @@ def test_listens_tells_the_process_holding_a_port_from_others(other_program: int
     # then this process holds it, and its parent does not
     assert listens(os.getpid(), other_program)
     assert not listens(os.getppid(), other_program)
+
+
+def test_a_postgres_whose_port_another_program_took_starts_on_another_port(
+    other_program: int,
+) -> None:
+    # given a test PostgreSQL given a port that another program took
+    server = PgServer()
+    server.port = other_program
+    try:
+        # when it starts
+        try:
+            server.start()
+        except NoPostgres as exc:
+            if "Address already in use" in str(exc):
+                raise
+            pytest.skip(f"no PostgreSQL for this test: {exc}")
+        # then it listens on another port, and answers there
+        assert server.port != other_program
+        with psycopg.connect(server.superuser_url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.cleanup()
