@@ -132,10 +132,20 @@ class PgServer:
         fresh = not (self.data / "PG_VERSION").exists()
         if fresh:
             self._initdb()
-        options = " ".join(
-            ["-h 127.0.0.1", f"-p {self.port}", "-k ''", *(f"-c {s}" for s in SETTINGS)]
-        )
-        self._pg_ctl("-w", "-t", "30", "-l", str(self.log_path), "-o", options, "start")
+        while True:
+            logged = len(self.log())
+            options = " ".join(
+                ["-h 127.0.0.1", f"-p {self.port}", "-k ''", *(f"-c {s}" for s in SETTINGS)]
+            )
+            try:
+                self._pg_ctl("-w", "-t", "30", "-l", str(self.log_path), "-o", options, "start")
+                break
+            except NoPostgres:
+                # A first start on a port another program took since free_port() (parallel
+                # test workers): another port. A restart keeps its port (the servers' URLs).
+                if not fresh or "Address already in use" not in self.log()[logged:]:
+                    raise
+                self.port = free_port()
         self._running = True
         if fresh:
             try:

@@ -20,7 +20,7 @@ LEVELS = "DEBUG, INFO, WARNING, ERROR"
 
 def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *argv], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
+        [sys.executable, *argv], capture_output=True, text=True, timeout=360, env=env, cwd=ROOT
     )
 
 
@@ -123,7 +123,9 @@ def test_seeder_with_wait_posts_once_the_server_comes_up(tmp_path: Path) -> None
     starter = threading.Timer(1.0, server.start)
     starter.start()
     try:
-        done = run("seeds/seed.py", "--url", server.url, "--key", server.ingest_key, "--wait", "90")
+        done = run(
+            "seeds/seed.py", "--url", server.url, "--key", server.ingest_key, "--wait", "300"
+        )
     finally:
         starter.join()
         server.stop()
@@ -144,7 +146,7 @@ async def test_seeder_with_wait_returns_once_what_it_posted_is_searchable(tmp_pa
     # given a running server and the seeder told to wait
     with make_server(tmp_path, ENGINE="embedded").start() as server:
         key = server.ingest_key
-        done = run("seeds/seed.py", "--url", server.url, "--key", key, "--wait", "180")
+        done = run("seeds/seed.py", "--url", server.url, "--key", key, "--wait", "300")
         # when the first search comes the moment the seeder returns
         answer = await server.recall("alice", "N-11 upgrade")
     # then it finds what was posted, not "unavailable" while the index is still being built

@@ -133,7 +133,7 @@ F204_ERROR = (
 
 async def test_the_f204_error_cut_in_the_previews_is_read_whole_in_one_call(demo: Server) -> None:
     # given the search the README shows: the error line only as a preview, cut short
-    [answer] = await ask(demo, "alice", "nightly jobs health check")
+    [answer] = await ask(demo, "alice", "nightly jobs")
     assert F204_ERROR not in answer
     block = next(b for b in answer.split("---\n") if "ERROR recon.load: gap in data feed" in b)
     header = re.match(r"\[2026-10-01 \d\d:\d\d UTC\] \w+ · ref ([0-9a-f]{12}) turn \d+\n", block)

@@ -108,7 +108,7 @@ async def test_a_killed_worker_is_replaced_and_later_posts_are_still_indexed(
     body = conversation("alice", "valve", "Valve V-12 was replaced on Tuesday.")
     assert server.post(body)[0] == 202
     # then a new worker indexes it, and recall finds it
-    server.wait_indexed("alice", timeout=120)
+    server.wait_indexed("alice", timeout=300)
     assert "V-12 was replaced" in await server.recall("alice", "valve V-12")
     assert not {w.pid for w in killed} & {w.pid for w in workers(pid)}
     assert not RUN_FAILED.search(server.log())
@@ -156,6 +156,6 @@ async def test_an_idle_worker_exits_and_the_next_post_starts_a_new_one(
         wait_for(lambda: not workers(pid), timeout=30)
         # then the worker is gone (its model's memory with it), and a later post still indexes
         assert server.post(conversation("alice", "valve", "Valve V-12 was replaced."))[0] == 202
-        server.wait_indexed("alice", timeout=120)
+        server.wait_indexed("alice", timeout=300)
         assert "V-12 was replaced" in await server.recall("alice", "valve V-12")
         assert not RUN_FAILED.search(server.log())

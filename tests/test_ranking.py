@@ -97,6 +97,41 @@ def test_the_lexical_pool_puts_the_closer_meaning_first_among_equal_covers() -> 
     assert ranked == [3, 2, 1]
 
 
+def test_once_a_row_covers_the_whole_query_rows_with_little_of_it_get_no_lexical_vote() -> None:
+    # Given a pool where row 1 holds every word of the query and rows 2 and 3 a quarter of it
+    # (the common words only), row 2 closest in meaning
+    pool = Lexical(pool=[1, 2, 3], shares=[1.0, 0.25, 0.6], unknown_ids=False)
+    ids = np.array([1, 2, 3])
+    similarity = np.array([0.1, 0.9, 0.2], dtype=np.float32)
+
+    # When the pool is ordered, then the rows holding under half of the query are left to the
+    # dense leg (a lexical rank 2 would have scored almost what rank 1 does in the fusion)
+    assert order_pool(pool, ids, similarity, candidates=3) == [1, 3]
+    # and with no row covering all of it, every row keeps its place
+    partial = Lexical(pool=[1, 2, 3], shares=[0.9, 0.25, 0.6], unknown_ids=False)
+    assert order_pool(partial, ids, similarity, candidates=3) == [1, 3, 2]
+
+
+async def test_the_one_note_holding_every_word_of_a_short_query_ranks_first_among_lookalikes(
+    embedder: OnnxEmbedder, tmp_path: Path
+) -> None:
+    # Given eighty notes alike but for a short code with no separator (not an identifier):
+    # "b1" is in one note, "b10" to "b19" are in others
+    home = tmp_path / "user"
+    for prefix in "ab":
+        for n in range(40):
+            code = f"{prefix}{n}"
+            turns = [("user", f"Load note {code}: pelicanbrioche {code}."), ("assistant", "Ok.")]
+            post(home, code, "2026-10-08T09:00:00Z", turns)
+    engine = EmbeddedEngine(embedder)
+    await engine.index(home)
+
+    # When the agent asks for it by the code, then that note comes first
+    for code in ("b1", "a3", "b12"):
+        found = hits((await engine.recall(home, f"load note {code}")).text)
+        assert found and f"Load note {code}:" in found[0], (code, found[:2])
+
+
 async def test_a_question_in_other_words_finds_its_fact_past_small_talk_naming_the_same_place(
     embedder: OnnxEmbedder, tmp_path: Path
 ) -> None:

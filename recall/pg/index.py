@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psycopg
@@ -482,40 +482,9 @@ class IndexRunner:
                 " embedding FROM chunks WHERE user_hash = %s AND conversation_id = ANY(%s)",
                 (user_hash, list(found)),
             )
-            have: dict[str, dict[str, Stored]] = {}
-            for (
-                conv,
-                chunk,
-                chunk_id,
-                seq,
-                ts,
-                role,
-                text,
-                recalled,
-                digest,
-                vec,
-            ) in await cur.fetchall():
-                have.setdefault(conv, {})[chunk] = Stored(
-                    chunk_id, seq, ts, role, text, recalled, digest, vec.to_numpy()
-                )
-        works = []
-        for conv in convs:
-            if conv not in found:
-                continue
-            version, body = found[conv]
-            try:
-                # Read as the embedded engine reads a source file (read_source): a bad line
-                # fails it.
-                lines = [json.loads(line) for line in body.split("\n") if line.strip()]
-                wanted = _rows_of(conv, lines)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                # The conversation id is no user text; the exception may hold some.
-                log.warning("user %s: skipping unreadable conversation %s (%s)", user_hash, conv,
-                            type(exc).__name__)  # fmt: skip
-                continue
-            drop, write = changed_rows(wanted, have.get(conv, {}))
-            works.append(_Work(conv, version, drop, write))
-        return works
+            chunks = await cur.fetchall()
+        # Parsing bodies and comparing pieces is CPU work: off the event loop, as stemming is.
+        return await run_in(self._pool, _works, user_hash, convs, found, chunks)
 
     async def _embed(self, rows: list[_Row]) -> None:
         """Give the rows that have no vector yet theirs: in the workers, else on a pool thread."""
@@ -588,6 +557,38 @@ class IndexRunner:
                 " WHERE user_hash = %s AND lease_owner = %s",
                 (changes, changes, self.debounce, user_hash, self.owner),
             )
+
+
+def _works(
+    user_hash: str,
+    convs: list[str],
+    found: dict[str, tuple[int, str]],
+    chunks: list[tuple[Any, ...]],
+) -> list[_Work]:
+    """What each conversation of ``convs`` needs (in their order), from its stored body and the
+    chunks it has; one not found, or whose body cannot be read as pieces, is left out."""
+    have: dict[str, dict[str, Stored]] = {}
+    for conv, chunk, chunk_id, seq, ts, role, text, recalled, digest, vec in chunks:
+        have.setdefault(conv, {})[chunk] = Stored(
+            chunk_id, seq, ts, role, text, recalled, digest, vec.to_numpy()
+        )
+    works = []
+    for conv in convs:
+        if conv not in found:
+            continue
+        version, body = found[conv]
+        try:
+            # Read as the embedded engine reads a source file (read_source): a bad line fails it.
+            lines = [json.loads(line) for line in body.split("\n") if line.strip()]
+            wanted = _rows_of(conv, lines)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # The conversation id is no user text; the exception may hold some.
+            log.warning("user %s: skipping unreadable conversation %s (%s)", user_hash, conv,
+                        type(exc).__name__)  # fmt: skip
+            continue
+        drop, write = changed_rows(wanted, have.get(conv, {}))
+        works.append(_Work(conv, version, drop, write))
+    return works
 
 
 def _describe(exc: BaseException) -> str:

@@ -50,6 +50,13 @@ LEXICAL_POOL = 6  # x candidates: the BM25 rows re-ordered by query coverage
 # words alike (a place named both in a fact and in small talk), the one closer in meaning comes
 # first, so a question that names its subject by other words still finds it.
 POOL_MEANING = 0.3
+# When one pooled passage holds every word of the query, the lexical leg votes only for those
+# that hold at least this share of it: in a pool tied on the common words, rank 2 scores almost
+# what rank 1 does in the fusion, and the dense leg's favourite among them outvoted the one
+# passage that says it all ("load note b1" returned b12, b10, b13). benchmark/README.md,
+# "What moved the numbers".
+WHOLE_QUERY_FLOOR = 0.5
+WHOLE = 0.999  # a share this high is the whole query (float sums)
 # A stem in more passages than this is "common" ("line", "valves"): left out of the BM25 match
 # (it adds almost nothing to BM25 but makes FTS5 score much of the table), still counted for
 # coverage.
@@ -190,7 +197,8 @@ def order_pool(
     candidates: int,
 ) -> list[int]:
     """The lexical leg's ranking: its best ``candidates`` rows by covered share plus
-    ``POOL_MEANING`` x cosine. ``cosines`` maps a pooled rowid to its cosine (a row without
+    ``POOL_MEANING`` x cosine; when a row covers the whole query, only the rows that cover
+    ``WHOLE_QUERY_FLOOR`` of it. ``cosines`` maps a pooled rowid to its cosine (a row without
     one counts 0); or, with ``similarity``, it is the ascending rowids of the whole matrix
     (``similarity[i]`` is row ``cosines[i]``'s)."""
     by_row = cosines if similarity is None else pool_cosines(by_words.pool, cosines, similarity)
@@ -198,7 +206,11 @@ def order_pool(
         share + POOL_MEANING * by_row.get(rowid, 0.0)
         for rowid, share in zip(by_words.pool, by_words.shares, strict=True)
     ]
-    ranked = sorted(range(len(score)), key=lambda i: (-score[i], i))
+    floor = WHOLE_QUERY_FLOOR if by_words.covered >= WHOLE else 0.0
+    ranked = sorted(
+        (i for i, share in enumerate(by_words.shares) if share >= floor),
+        key=lambda i: (-score[i], i),
+    )
     return [by_words.pool[i] for i in ranked[:candidates]]
 
 
