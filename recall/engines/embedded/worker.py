@@ -44,6 +44,7 @@ import numpy as np
 
 from recall.concurrency import kill_group
 from recall.engines.base import EngineError
+from recall.engines.embedded.store import FLUSH_TEXTS
 from recall.logs import configure_logging
 
 # A worker past its run's own deadline still stops at its next flush; past this much more, it is
@@ -56,7 +57,7 @@ STARTUP_TIMEOUT = 120.0  # loading the model takes a second or two; far more mea
 BACKGROUND_NICENESS = 10
 # An answer is one line: a short one, or the vectors of one embed request (EMBED_TEXTS rows);
 # anything longer is a broken worker.
-EMBED_TEXTS = 256  # texts per embed request: an index flush's worth (FLUSH_TEXTS)
+EMBED_TEXTS = FLUSH_TEXTS  # texts per embed request: an index flush's worth
 MAX_ANSWER_BYTES = 16 * 2**20
 # What a broken or dead worker raises here: a closed pipe, an answer that is not ours, no answer.
 WORKER_FAILURES = (OSError, ValueError, KeyError, TypeError, TimeoutError)
