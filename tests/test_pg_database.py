@@ -11,6 +11,7 @@ import numpy as np
 import psycopg
 import pytest
 from pg import PgDatabase, PgServer
+from psycopg import sql
 
 from recall.pg.database import Database
 from recall.store import StoreUnavailable
@@ -109,6 +110,44 @@ async def test_a_block_whose_statement_failed_never_ends_as_if_committed(db: Dat
     # then its end raised (a caller never acknowledges it), and nothing was written
     async with db.user(ALICE) as conn:
         assert await count(conn, "users") == 0
+
+
+async def test_a_transaction_opened_with_reads_gets_their_rows_and_commits_with_its_writes(
+    db: Database,
+) -> None:
+    # given alice's rows, and a value with quotes and a backslash, as a post's text has
+    await add_user(db, ALICE)
+    text = "it's C:\\temp -- 'quoted'; DROP TABLE users"
+    # when a transaction opens with two reads and ends with a write and its commit
+    async with db.user_with(
+        ALICE,
+        sql.SQL("SELECT count(*) FROM conversations"),
+        sql.SQL("SELECT {}::text, 2").format(sql.Literal(text)),
+    ) as (conn, (conversations, echoed)):
+        # then each read's rows come back, in order, under alice's setting
+        assert conversations == [(1,)]
+        assert echoed == [(text, 2)]
+        await db.commit_with(
+            conn,
+            sql.SQL("UPDATE conversations SET body = {} WHERE user_hash = {}").format(
+                sql.Literal(text), sql.Literal(ALICE)
+            ),
+        )
+    # and the write is committed, the value as written
+    async with db.user(ALICE) as conn:
+        cur = await conn.execute("SELECT body FROM conversations")
+        assert await cur.fetchall() == [(text,)]
+
+
+async def test_a_write_ending_in_a_failed_statement_commits_nothing(db: Database) -> None:
+    await add_user(db, ALICE)
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        async with db.user_with(ALICE) as (conn, _):
+            await db.commit_with(
+                conn, sql.SQL("DELETE FROM conversations"), sql.SQL("SELECT 1 / 0")
+            )
+    async with db.user(ALICE) as conn:
+        assert await count(conn, "conversations") == 1
 
 
 async def test_vectors_go_in_and_come_back_through_the_adapter(db: Database) -> None:

@@ -498,7 +498,7 @@ async def test_an_erase_waits_for_a_post_in_flight_and_a_post_after_it_meets_its
     await seed(a)
     late = conversation("alice", "late", f"Just now {SECRET}.", "Ok.")
     async with owner.transaction():
-        await owner.execute(*conversation_lock(ALICE, "late"))
+        await owner.execute(conversation_lock(ALICE, "late"))
         posting = asyncio.create_task(put(a, late))
         await waiting_on_locks(owner, 1)
 

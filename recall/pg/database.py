@@ -62,6 +62,7 @@ class Database:
             name="recall",
         )
         self._returned: weakref.WeakKeyDictionary[Connection, float] = weakref.WeakKeyDictionary()
+        self._committed: weakref.WeakSet[Connection] = weakref.WeakSet()  # by commit_with
 
     async def open(self) -> None:
         """Start the pool without waiting for a connection: the server starts while the
@@ -78,21 +79,29 @@ class Database:
         """One transaction for one user's work: committed when the block ends, rolled back when
         it raises. ``repeatable``: one snapshot for all its queries (REPEATABLE READ);
         ``read_only``: no writes."""
-        # One round trip opens it: BEGIN with its modes and SET LOCAL of the user, sent as one
-        # simple query (the hash quoted by psycopg, no parameters).
-        begin = "BEGIN" + (" ISOLATION LEVEL REPEATABLE READ" if repeatable else "")
-        begin += " READ ONLY" if read_only else ""
-        opening = sql.SQL(begin + "; SELECT set_config({}, {}, true)").format(
-            sql.Literal(USER_SETTING), sql.Literal(user_hash)
-        )
-        async with self._transaction(opening) as conn:
+        async with self._transaction(_opening(user_hash, read_only, repeatable)) as (conn, _):
             yield conn
+
+    @asynccontextmanager
+    async def user_with(
+        self, user_hash: str, *statements: sql.Composable
+    ) -> AsyncIterator[tuple[Connection, list[list[Any]]]]:
+        """A user's write transaction (as ``user``) opened together with these statements in
+        one simple query: the connection and each statement's rows.
+
+        A hot path's way to fewer round trips: an execute costs its own round trip and about
+        0.15 ms of this process's CPU, so a post's ten of them were most of its cost. Values go
+        in as ``sql.Literal`` (quoted by psycopg, as the opening quotes the user hash)."""
+        opening = sql.SQL("; ").join([_opening(user_hash, False, False), *statements])
+        async with self._transaction(opening) as (conn, cur):
+            rows = await _rows(cur)
+            yield conn, rows[len(rows) - len(statements) :]
 
     @asynccontextmanager
     async def system(self) -> AsyncIterator[Connection]:
         """One transaction with no user: row-level security shows it no user's rows; what it
         may do across users goes through the SECURITY DEFINER functions."""
-        async with self._transaction(sql.SQL("BEGIN")) as conn:
+        async with self._transaction(sql.SQL("BEGIN")) as (conn, _):
             yield conn
 
     async def check(self) -> str | None:
@@ -104,23 +113,33 @@ class Database:
             return "database"
         return None
 
+    async def commit_with(self, conn: Connection, *statements: sql.Composable) -> None:
+        """End the block's transaction with these statements (``sql.Literal`` values, as in
+        ``user_with``) and its COMMIT in one round trip; the block's end then commits nothing
+        more. Raises as the block's end would."""
+        cur = await conn.execute(sql.SQL("; ").join([*statements, sql.SQL("COMMIT")]))
+        while cur.nextset():
+            pass
+        _check_committed(cur)
+        self._committed.add(conn)
+
     @asynccontextmanager
-    async def _transaction(self, opening: sql.Composable) -> AsyncIterator[Connection]:
+    async def _transaction(
+        self, opening: sql.Composable
+    ) -> AsyncIterator[tuple[Connection, psycopg.AsyncCursor[Any]]]:
         """A transaction ``opening`` began (the connection is in autocommit, so nothing else
-        opens one), committed when the block ends and rolled back when it raises."""
+        opens one), committed when the block ends and rolled back when it raises; the block
+        gets the connection and the opening's cursor."""
         try:
-            conn = await self._begin(opening)
+            conn, cur = await self._begin(opening)
             try:
-                yield conn
-                cur = await conn.execute("COMMIT")
-                # A block that swallowed a failed statement left the transaction aborted: its
-                # COMMIT is answered ROLLBACK, with no error. It must never end as if committed
-                # (a 202 for nothing stored).
-                if cur.statusmessage != "COMMIT":
-                    raise psycopg.errors.InFailedSqlTransaction(
-                        "the transaction was rolled back at its end (a statement in it failed)"
-                    )
+                yield conn, cur
+                if conn in self._committed:
+                    self._committed.discard(conn)
+                else:
+                    _check_committed(await conn.execute("COMMIT"))
             except BaseException:
+                self._committed.discard(conn)
                 if not conn.closed:  # a failed rollback leaves the pool to discard it
                     with suppress(psycopg.Error):
                         await conn.rollback()
@@ -135,14 +154,13 @@ class Database:
                 raise StoreUnavailable(UNREACHABLE) from exc
             raise
 
-    async def _begin(self, opening: sql.Composable) -> Connection:
+    async def _begin(self, opening: sql.Composable) -> tuple[Connection, psycopg.AsyncCursor[Any]]:
         """A pooled connection with ``opening`` run on it. One the database cut since its last
         use (a restart) fails right there, before any work: it is replaced, once."""
         for retry in (True, False):
             conn = await self._pool.getconn()
             try:
-                await conn.execute(opening)
-                return conn
+                return conn, await conn.execute(opening)
             except BaseException as exc:
                 await self._pool.putconn(conn)  # a cut one is discarded
                 if not (retry and isinstance(exc, psycopg.OperationalError) and _away(exc)):
@@ -154,6 +172,35 @@ class Database:
         by the pool); one used just now is not (a round trip saved per unit of work)."""
         if time.monotonic() - self._returned.get(conn, 0.0) > FRESH_SECONDS:
             await AsyncConnectionPool.check_connection(conn)
+
+
+async def _rows(cur: psycopg.AsyncCursor[Any]) -> list[list[Any]]:
+    """Each result's rows, of a query of several statements."""
+    results = []
+    while True:
+        results.append(await cur.fetchall() if cur.description is not None else [])
+        if not cur.nextset():
+            return results
+
+
+def _opening(user_hash: str, read_only: bool, repeatable: bool) -> sql.Composed:
+    """BEGIN with its modes and SET LOCAL of the user: one simple query (the hash quoted by
+    psycopg, no parameters), so a transaction opens in one round trip."""
+    begin = "BEGIN" + (" ISOLATION LEVEL REPEATABLE READ" if repeatable else "")
+    begin += " READ ONLY" if read_only else ""
+    return sql.SQL(begin + "; SELECT set_config({}, {}, true)").format(
+        sql.Literal(USER_SETTING), sql.Literal(user_hash)
+    )
+
+
+def _check_committed(cur: psycopg.AsyncCursor[Any]) -> None:
+    """A block that swallowed a failed statement left the transaction aborted: its COMMIT is
+    answered ROLLBACK, with no error. It must never end as if committed (a 202 for nothing
+    stored)."""
+    if cur.statusmessage != "COMMIT":
+        raise psycopg.errors.InFailedSqlTransaction(
+            "the transaction was rolled back at its end (a statement in it failed)"
+        )
 
 
 def _where(url: str) -> str:

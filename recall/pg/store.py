@@ -29,6 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from recall.conversations import Conversation, stored_holds
@@ -58,12 +59,25 @@ log = logging.getLogger("recall.pg.store")
 KEY_LOCK = 0x7265_6361_6B79  # "recaky": making the shared tombstone key, once, on any replica
 
 
-def conversation_lock(user_hash: str, conversation_id: str) -> tuple[str, str]:
-    """The SQL and parameters of a conversation's advisory lock (held to the transaction's end)."""
-    return (
-        "SELECT pg_advisory_xact_lock(hashtextextended(%s || '/' || %s, 0))",
-        (user_hash, conversation_id),
+def conversation_lock(user_hash: str, conversation_id: str) -> sql.Composed:
+    """A conversation's advisory lock (held to the transaction's end)."""
+    return sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended({} || '/' || {}, 0))").format(
+        sql.Literal(user_hash), sql.Literal(conversation_id)
     )
+
+
+# Statements of the write path, formatted with sql.Literal values (they run in batches).
+TOMBSTONES = "SELECT key_id, digest FROM tombstones WHERE user_hash = {} AND conversation_id = {}"
+FORGOTTEN_BEFORE = (
+    "SELECT max(at) FROM tombstone_times WHERE user_hash = {} AND conversation_id IN ({}, {})"
+)
+BODY = "SELECT body FROM conversations WHERE user_hash = {} AND conversation_id = {}"
+# A change of the user's memory: an index run is due (after the debounce, from the first change
+# no run covers); the forgets counted make recalls in flight read again.
+CHANGED = (
+    "UPDATE users SET changes = changes + 1, forgets = forgets + {}, "
+    "due_at = coalesce(due_at, now() + make_interval(secs => {})) WHERE user_hash = {}"
+)
 
 
 def storable(value: Any) -> Any:
@@ -216,68 +230,61 @@ class PgStore:
         )
 
     async def _forgetting(
-        self, conn: psycopg.AsyncConnection[Any], user: str, conversation_id: str
+        self, conn: psycopg.AsyncConnection[Any], tombstones: list[Any], before: Any
     ) -> Forgetting:
-        """What the user's tombstones forget of one conversation (under its lock)."""
-        rows = await _all(
-            conn,
-            "SELECT key_id, digest FROM tombstones WHERE user_hash = %s AND conversation_id = %s",
-            (user, conversation_id),
-        )
+        """What a conversation's tombstones (TOMBSTONES' rows) and last forget or erase
+        (FORGOTTEN_BEFORE) forget of it."""
         by_key: dict[str, set[str]] = {}
-        for kid, digest in rows:
+        for kid, digest in tombstones:
             by_key.setdefault(kid, set()).add(digest)
         keys = await self._keys_named(conn, set(by_key)) if by_key else {}
-        (before,) = await _one(
-            conn,
-            "SELECT max(at) FROM tombstone_times "
-            "WHERE user_hash = %s AND conversation_id IN (%s, %s)",
-            (user, conversation_id, EVERYTHING),
-        )
         return Forgetting({keys[k]: frozenset(d) for k, d in by_key.items() if k in keys}, before)
 
     async def _changed(self, conn: psycopg.AsyncConnection[Any], user: str, forgets: int) -> None:
-        """Count a change of the user's memory: an index run is due (after the debounce, from
-        the first change no run covers); ``forgets``: recalls in flight must read again."""
+        """Count a change of the user's memory (see CHANGED)."""
         await conn.execute(
-            "UPDATE users SET changes = changes + 1, forgets = forgets + %s, "
-            "due_at = coalesce(due_at, now() + make_interval(secs => %s)) WHERE user_hash = %s",
-            (forgets, self.debounce, user),
+            sql.SQL(CHANGED).format(
+                sql.Literal(forgets), sql.Literal(self.debounce), sql.Literal(user)
+            )
         )
 
     # --- the write path -----------------------------------------------------------------------
 
     async def put(self, user: str, conversation: Conversation) -> bool:
         cid = conversation.conversation_id
-        async with self.database.user(user) as conn:
-            await conn.execute(
-                "INSERT INTO users (user_hash) VALUES (%s) ON CONFLICT DO NOTHING", (user,)
-            )
-            await conn.execute("SELECT 1 FROM users WHERE user_hash = %s FOR KEY SHARE", (user,))
-            await conn.execute(*conversation_lock(user, cid))
+        u, c = sql.Literal(user), sql.Literal(cid)
+        # The hot path: the transaction's start, the locks and every read the decision needs in
+        # one round trip, the writes and the commit in another (Database.user_with).
+        async with self.database.user_with(
+            user,
+            sql.SQL("INSERT INTO users (user_hash) VALUES ({}) ON CONFLICT DO NOTHING").format(u),
+            sql.SQL("SELECT 1 FROM users WHERE user_hash = {} FOR KEY SHARE").format(u),
+            conversation_lock(user, cid),
+            sql.SQL(TOMBSTONES).format(u, c),
+            sql.SQL(FORGOTTEN_BEFORE).format(u, c, sql.Literal(EVERYTHING)),
+            sql.SQL(BODY).format(u, c),
+        ) as (conn, (*_, tombstones, ((before,),), stored)):
             # Forgotten (nothing may be stored) rolls the transaction back: nothing written.
-            conversation = admitted(conversation, await self._forgetting(conn, user, cid))
+            forgetting = await self._forgetting(conn, tombstones, before)
+            conversation = admitted(conversation, forgetting)
             data = conversation.to_jsonl()
-            stored = await _one(
-                conn,
-                "SELECT body FROM conversations WHERE user_hash = %s AND conversation_id = %s",
-                (user, cid),
-            )
-            if stored is not None and stored_holds(
-                stored[0].encode("utf-8"), data.encode("utf-8"), conversation.lines
+            if stored and stored_holds(
+                stored[0][0].encode("utf-8"), data.encode("utf-8"), conversation.lines
             ):
                 return False  # already stored (committed), or a stale snapshot of it
             stamps = [line["ts"] for line in conversation.lines]  # ...Z: they sort as times
-            await conn.execute(
-                "INSERT INTO conversations "
-                "(user_hash, conversation_id, body, version, first_ts, last_ts, turns) "
-                "VALUES (%s, %s, %s, nextval('conversation_versions'), %s, %s, %s) "
-                "ON CONFLICT (user_hash, conversation_id) DO UPDATE SET body = excluded.body, "
-                "version = excluded.version, first_ts = excluded.first_ts, "
-                "last_ts = excluded.last_ts, turns = excluded.turns",
-                (user, cid, data, min(stamps), max(stamps), len(stamps)),
+            await self.database.commit_with(
+                conn,
+                sql.SQL(
+                    "INSERT INTO conversations "
+                    "(user_hash, conversation_id, body, version, first_ts, last_ts, turns) "
+                    "VALUES ({}, {}, {}, nextval('conversation_versions'), {}, {}, {}) "
+                    "ON CONFLICT (user_hash, conversation_id) DO UPDATE SET body = excluded.body, "
+                    "version = excluded.version, first_ts = excluded.first_ts, "
+                    "last_ts = excluded.last_ts, turns = excluded.turns"
+                ).format(u, c, *map(sql.Literal, (data, min(stamps), max(stamps), len(stamps)))),
+                sql.SQL(CHANGED).format(sql.Literal(0), sql.Literal(self.debounce), u),
             )
-            await self._changed(conn, user, forgets=0)
         return True
 
     # --- what the memory page reads -----------------------------------------------------------
@@ -322,7 +329,7 @@ class PgStore:
         at = now_utc()
         key = await self._tombstone_key()  # before: never a second connection while one is held
         async with self.database.user(user) as conn:
-            await conn.execute(*conversation_lock(user, conversation_id))  # first: see the top
+            await conn.execute(conversation_lock(user, conversation_id))  # first: see the top
             if (
                 await _one(
                     conn, "SELECT 1 FROM users WHERE user_hash = %s FOR NO KEY UPDATE", (user,)
