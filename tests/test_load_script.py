@@ -28,10 +28,12 @@ def test_a_loopback_url_is_accepted(url: str) -> None:
     assert is_loopback_url(url)
 
 
-def test_a_short_ingest_phase_prints_its_figures_and_stops() -> None:
+@pytest.mark.parametrize("client", ["raw", "httpx"])
+def test_a_short_ingest_phase_prints_its_figures_and_stops(client: str) -> None:
     # given the script with its own server; when it runs a two-second ingest phase
     command = [sys.executable, "-m", "benchmark.load", "--phase", "ingest", "--duration", "2"]
     command += ["--concurrency", "2", "--ingest-users", "2", "--sample-every", "1"]
+    command += ["--client", client]
     finished = subprocess.run(
         command,
         cwd=ROOT,
@@ -43,6 +45,7 @@ def test_a_short_ingest_phase_prints_its_figures_and_stops() -> None:
     assert finished.returncode == 0, finished.stderr[-2000:]
     out = finished.stdout
     assert "ingest POST /turns:" in out and "answers {'202':" in out, out
+    assert "errors none" in out and f"({client})" in out
     assert "5xx responses: 0" in out
     assert "server RSS MB:" in out and "load average" in out
     # and the server's own clock (its /metrics) counted the same posts
