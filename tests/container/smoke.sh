@@ -7,20 +7,25 @@
 # 2. A local stand-in for python:3.12-slim (no registry is reachable): Debian bookworm from the
 #    machine's apt mirror by debootstrap, with the machine's CA bundle (a TLS-inspecting proxy
 #    re-signs PyPI), imported as localhost/recall-base:bookworm. Built once, then kept.
-# 3. The embedded target built on it: recall-server:embedded (kept too).
+# 3. The embedded target built on it: recall-server:embedded (kept too); with EXTRAS set, the
+#    Dockerfile's EXTRAS build argument, as recall-server:embedded-EXTRAS.
 # 4. Run with a named volume, the demo tokens mounted read-only, a generated INGEST_KEY, a
-#    loopback port; the process is not root; /healthz and /readyz; the demo seeded from the host;
+#    loopback port and a read-only root filesystem without tmpfs (nothing but the volume is
+#    writable: no model cache is derived at run time); the process is not root; /healthz and
+#    /readyz; the demo seeded from the host;
 #    alice and bob recall through an MCP client; restart; recall again. The container and its
 #    volume are removed at the end, whatever happens.
 #
 # Environment: RECALL_PYTHON, the host Python with fastmcp (default: the repository's .venv);
 # DEBIAN_MIRROR, to override the mirror read from apt's sources; REBUILD_BASE=1, to rebuild the
-# base image.
+# base image; EXTRAS, the image's extras (EXTRAS=multilingual); EMBED_MODEL, the server's model
+# (EMBED_MODEL=multilingual-e5-small needs EXTRAS=multilingual).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BASE_IMAGE=localhost/recall-base:bookworm
-APP_IMAGE=recall-server:embedded
+EXTRAS=${EXTRAS:-}
+APP_IMAGE=recall-server:embedded${EXTRAS:+-${EXTRAS//,/-}}
 SUITE=bookworm
 N11_DECISION="go ahead with the N-11 upgrade"  # alice's 2026-10-08 capacity check
 WAIT_SECONDS=240  # startup, seeding and a first index run on a loaded 2-core machine
@@ -134,7 +139,8 @@ case "$index_url" in
     *) say "not passing the host's pip index-url $index_url: not reachable from a build" ;;
 esac
 [ -n "${PIP_DEFAULT_TIMEOUT:-}" ] && build_args+=(--build-arg "PIP_DEFAULT_TIMEOUT=$PIP_DEFAULT_TIMEOUT")
-say "building $APP_IMAGE (target embedded) on $BASE_IMAGE"
+[ -n "$EXTRAS" ] && build_args+=(--build-arg "EXTRAS=$EXTRAS")
+say "building $APP_IMAGE (target embedded${EXTRAS:+, extras $EXTRAS}) on $BASE_IMAGE"
 previous=$(podman image inspect --format '{{.Id}}' "$APP_IMAGE" 2>/dev/null || true)
 started=$SECONDS
 # --format docker: the OCI format has no HEALTHCHECK and podman would drop the image's.
@@ -155,16 +161,18 @@ port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)
 url=http://127.0.0.1:$port
 INGEST_KEY=$("$PYTHON" -c 'import secrets; print(secrets.token_hex(16))')
 export INGEST_KEY  # passed by name (-e INGEST_KEY), so the key never appears in a command line
+run_env=()
+[ -n "${EMBED_MODEL:-}" ] && run_env+=(-e "EMBED_MODEL=$EMBED_MODEL")
 podman volume create "$VOLUME" > /dev/null
-say "starting $CONTAINER on $url (volume $VOLUME, demo tokens read-only)"
+say "starting $CONTAINER on $url (volume $VOLUME, demo tokens read-only, root filesystem read-only${EMBED_MODEL:+, EMBED_MODEL=$EMBED_MODEL})"
 # podman's stderr holds two harmless complaints where no systemd runs its health-check timers.
-podman run -d --name "$CONTAINER" \
+podman run -d --name "$CONTAINER" --read-only --read-only-tmpfs=false \
     -p "127.0.0.1:$port:8000" \
     -v "$VOLUME:/data/memories" \
     -v "$ROOT/examples/tokens.json:/app/examples/tokens.json:ro" \
     -e INGEST_KEY \
     -e AUTH_TOKENS_FILE=/app/examples/tokens.json \
-    -e RECALL_K=3 -e RECALL_CANDIDATES=8 \
+    -e RECALL_K=3 -e RECALL_CANDIDATES=8 "${run_env[@]}" \
     "$APP_IMAGE" > /dev/null 2> "$WORK/run.log" \
     || { cat "$WORK/run.log" >&2; fail "podman run failed"; }
 
