@@ -11,12 +11,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from conftest import Backing, Server, conversation, make_server, wait_for
 from test_embedded_server import long_conversation, timed_posts
 
-from recall.engines.embedded.worker import BACKGROUND_NICENESS
+from recall.engines.embedded.worker import BACKGROUND_NICENESS, IndexWorkers
 from recall.scheduler import needs_index
 
 WORKER_MODULE = "recall.engines.embedded.worker"
@@ -112,6 +113,24 @@ async def test_a_killed_worker_is_replaced_and_later_posts_are_still_indexed(
     assert "V-12 was replaced" in await server.recall("alice", "valve V-12")
     assert not {w.pid for w in killed} & {w.pid for w in workers(pid)}
     assert not RUN_FAILED.search(server.log())
+
+
+async def test_a_worker_dead_before_its_exit_is_seen_is_replaced_for_the_same_request() -> None:
+    # given one idle worker, after a first embedding
+    pool = IndexWorkers(1, None, "mean", idle_exit=60)
+    try:
+        first = await pool.embed(["Valve V-12 was replaced on Tuesday."], 120)
+        (worker,) = workers(os.getpid())
+        # when it is killed and the event loop has not yet run since (on a busy machine the
+        # loop learns of an exit late): a blocking sleep, so no callback of the loop runs
+        worker.send_signal(signal.SIGKILL)
+        time.sleep(0.5)
+        # then the next request is answered anyway, by a new worker
+        again = await pool.embed(["Valve V-12 was replaced on Tuesday."], 120)
+        assert np.allclose(first, again)
+        assert worker.pid not in {w.pid for w in workers(os.getpid())}
+    finally:
+        await pool.close()
 
 
 def busy(process: psutil.Process) -> bool:

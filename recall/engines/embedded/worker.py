@@ -18,9 +18,11 @@ stdin, answered by a line of JSON on its stdout, ``{"error": null, ...}`` or ``{
 
 A request whose caller gives up (shutdown) or that overruns its timeout by far kills its
 worker's process group: safe, since each flush is one SQLite or PostgreSQL transaction
-(tests/test_crash.py kills whole servers mid-run), and the next request starts a fresh worker. A
-worker that dies mid-request fails that run (EngineError), and the run is retried later (the
-files store: at the next write or failed recall; PostgreSQL: when the user is due again).
+(tests/test_crash.py kills whole servers mid-run), and the next request starts a fresh worker. An
+idle worker found gone when a request reaches it (killed while idle, its exit not yet seen) is
+replaced for that request; one that dies mid-request fails that run (EngineError), and the run
+is retried later (the files store: at the next write or failed recall; PostgreSQL: when the
+user is due again).
 
 Worker side, ``python -m recall.engines.embedded.worker``: lowers its priority, dies with the
 server (PR_SET_PDEATHSIG), loads the model, then answers requests until its stdin closes.
@@ -65,6 +67,10 @@ PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent t
 READY = b'{"ready": true}\n'  # the worker's first line: the model is loaded
 
 
+class WorkerExited(EngineError):
+    """The worker's process was gone: its pipe closed before its answer."""
+
+
 class _Worker:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
@@ -73,11 +79,14 @@ class _Worker:
     async def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One request; the worker's answer (its "error" None when it succeeded)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-        await self.proc.stdin.drain()
+        try:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise WorkerExited("embedded index worker exited before a run") from exc
         line = await asyncio.wait_for(self.proc.stdout.readline(), timeout + KILL_AFTER_DEADLINE)
         if not line.endswith(b"\n"):
-            raise EngineError("embedded index worker exited during a run")
+            raise WorkerExited("embedded index worker exited during a run")
         answer = json.loads(line)
         if not isinstance(answer, dict) or "error" not in answer:
             raise ValueError("not an answer")
@@ -137,25 +146,40 @@ class IndexWorkers:
         async with self._slots:
             # One that died while idle (the OOM killer, an operator) is replaced by a new one.
             self._idle = [w for w in self._idle if w.proc.returncode is None]
-            worker = self._idle.pop() if self._idle else await self._start()
-            if worker.retirement is not None:
-                worker.retirement.cancel()
-            self._busy.add(worker)
-            try:
-                answer = await worker.ask(request, timeout)
-            except BaseException as exc:  # cancelled, overran, died, or answered nonsense
-                await worker.kill()
-                if isinstance(exc, WORKER_FAILURES):
-                    raise EngineError(f"index worker failed: {type(exc).__name__}") from exc
-                raise
-            finally:
-                self._busy.discard(worker)
-            self._idle.append(worker)
-            worker.retirement = asyncio.get_running_loop().call_later(
-                self.idle_exit, self._retire, worker
-            )
+            if not self._idle:
+                answer = await self._ask(await self._start(), request, timeout)
+            else:
+                try:
+                    answer = await self._ask(self._idle.pop(), request, timeout)
+                except WorkerExited:
+                    # Its death may not have been seen yet (the loop learns of an exit a little
+                    # later, longer on a busy machine): once more, on a new worker. Safe: each
+                    # flush is one transaction, so a run or an embedding can start over.
+                    answer = await self._ask(await self._start(), request, timeout)
         if answer["error"] is not None:
             raise EngineError(str(answer["error"]))
+        return answer
+
+    async def _ask(
+        self, worker: _Worker, request: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
+        """``request`` on ``worker``, idle again afterwards; killed when it fails."""
+        if worker.retirement is not None:
+            worker.retirement.cancel()
+        self._busy.add(worker)
+        try:
+            answer = await worker.ask(request, timeout)
+        except BaseException as exc:  # cancelled, overran, died, or answered nonsense
+            await worker.kill()
+            if isinstance(exc, WORKER_FAILURES):
+                raise EngineError(f"index worker failed: {type(exc).__name__}") from exc
+            raise
+        finally:
+            self._busy.discard(worker)
+        self._idle.append(worker)
+        worker.retirement = asyncio.get_running_loop().call_later(
+            self.idle_exit, self._retire, worker
+        )
         return answer
 
     def _retire(self, worker: _Worker) -> None:
