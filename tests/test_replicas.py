@@ -133,6 +133,11 @@ def test_the_same_conversation_posted_to_both_at_once_ends_whole(
     assert texts in [[t["text"] for t in version["turns"]] for version in versions]
 
 
+# Enough that the run is still under way when the replica is killed (checked), on a fast machine
+# too: each embeds a piece of about 1,000 characters.
+CONVERSATIONS = 48
+
+
 async def test_a_replica_killed_during_an_index_run_leaves_the_work_to_the_other(
     replicas: tuple[Server, Server], pg_database: PgDatabase
 ) -> None:
@@ -148,7 +153,7 @@ async def test_a_replica_killed_during_an_index_run_leaves_the_work_to_the_other
                 turn("assistant", f"Logged batch {n}."),
             ],
         }
-        for n in range(120)
+        for n in range(CONVERSATIONS)
     ]
     for body in bodies:
         assert first.post(body)[0] == 202
@@ -166,10 +171,15 @@ async def test_a_replica_killed_during_an_index_run_leaves_the_work_to_the_other
     assert first.process is not None
     os.kill(first.process.pid, signal.SIGKILL)
     first.process.wait()
+    with psycopg.connect(pg_database.superuser_url) as conn:
+        (indexed,) = conn.execute(
+            "SELECT count(DISTINCT conversation_id) FROM chunks WHERE user_hash = %s", (hash_,)
+        ).fetchone()
+    assert leased() and indexed < CONVERSATIONS, "no run was under way: this proved nothing"
 
     # Then the other one takes the run over once the lease runs out, and finds every one
     wait_for(lambda: second.health()["indexing"] == 0, timeout=180)
-    for n in random.Random(4).sample(range(120), 10):
+    for n in random.Random(4).sample(range(CONVERSATIONS), 10):
         found = await second.recall("alice", f"the {words[n % 5]} batch {n}")
         assert f"Note {n}:" in found, n
 
