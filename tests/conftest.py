@@ -34,13 +34,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @dataclass
 class FakeFunes:
-    """The funes stand-in installed as an executable in its own folder."""
+    """The funes stand-in installed as an executable in its own folder; its calls and events
+    are those recorded after the first ``since`` lines of its log (see ``from_now``)."""
 
     folder: Path
+    since: int = 0
 
     @property
     def path(self) -> Path:
         return self.folder / "funes"
+
+    def from_now(self) -> FakeFunes:
+        """The same stand-in, showing only the calls made from now on: for a stand-in that the
+        tests of a module share, one after another."""
+        return FakeFunes(self.folder, len(self._lines()))
+
+    def install(self) -> None:
+        """Write the executable (again: a test may remove it)."""
+        self.path.write_text(f"#!{sys.executable}\n" + FAKE_FUNES.read_text())
+        self.path.chmod(0o755)
 
     def control(self, **settings: Any) -> None:
         (self.folder / "control.json").write_text(json.dumps(settings))
@@ -51,16 +63,18 @@ class FakeFunes:
         return [e for e in starts if command is None or e["argv"][:1] == [command]]
 
     def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self._lines()[self.since :]]
+
+    def _lines(self) -> list[str]:
         log = self.folder / "calls.jsonl"
-        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        return log.read_text().splitlines() if log.exists() else []
 
 
 def install_fake_funes(folder: Path) -> FakeFunes:
     folder.mkdir(parents=True)
-    script = folder / "funes"
-    script.write_text(f"#!{sys.executable}\n" + FAKE_FUNES.read_text())
-    script.chmod(0o755)
-    return FakeFunes(folder)
+    funes = FakeFunes(folder)
+    funes.install()
+    return funes
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import secrets
@@ -18,7 +19,15 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import INITIALIZE, FakeFunes, Server, conversation, make_server, wait_for
+from conftest import (
+    INITIALIZE,
+    FakeFunes,
+    Server,
+    conversation,
+    install_fake_funes,
+    make_server,
+    wait_for,
+)
 from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from joserfc import jwk, jwt
@@ -57,6 +66,25 @@ def mcp_status(server: Server, token: str | None) -> int:
         return exc.code
 
 
+# One funes stand-in, one server on the demo tokens and one verifying JWTs for the whole module
+# (a server start costs seconds of CPU): their tests only read, or post for a user no other test
+# here posts for, and look at the stand-in's calls and the log from their own start on. A test
+# whose settings differ, or that reads refusal lines from the log (written at most once per
+# reason every REFUSAL_INTERVAL), starts a server of its own.
+@pytest.fixture(scope="module")
+def fake_funes(tmp_path_factory: pytest.TempPathFactory) -> FakeFunes:
+    return install_fake_funes(tmp_path_factory.mktemp("auth") / "funes-bin")
+
+
+@pytest.fixture(scope="module")
+def funes_server(
+    tmp_path_factory: pytest.TempPathFactory, fake_funes: FakeFunes
+) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("auth-demo-tokens")
+    with make_server(workdir, ENGINE="funes", FUNES_BIN=str(fake_funes.path)).start() as server:
+        yield server
+
+
 def test_mcp_without_a_token_is_401(funes_server: Server) -> None:
     assert mcp_status(funes_server, None) == 401
 
@@ -78,17 +106,13 @@ async def test_each_token_only_ever_reaches_its_own_users_directory(
     for user in ("alice", "bob"):
         body = conversation(user, f"{user}-chat", f"{user} talks about ticket MT-4471", "Noted.")
         assert funes_server.post(body)[0] == 202
-    wait_for(
-        lambda: (
-            len(fake_funes.calls("index")) >= 2
-            and all((funes_server.home(u) / "memory").exists() for u in ("alice", "bob"))
-        )
-    )
+    funes_server.wait_indexed("alice", "bob", timeout=60)
+    earlier = len(fake_funes.calls("recall"))
     alice_answer = await funes_server.recall("alice", "MT-4471 bob alice")
     bob_answer = await funes_server.recall("bob", "MT-4471 bob alice")
     assert "alice talks" in alice_answer and "bob talks" not in alice_answer
     assert "bob talks" in bob_answer and "alice talks" not in bob_answer
-    homes = [c["env"]["FUNES_HOME"] for c in fake_funes.calls("recall")]
+    homes = [c["env"]["FUNES_HOME"] for c in fake_funes.calls("recall")[earlier:]]
     assert homes == [str(funes_server.home("alice")), str(funes_server.home("bob"))]
 
 
@@ -101,6 +125,7 @@ async def test_the_query_cannot_choose_whose_memory_is_searched(
         assert funes_server.post(body)[0] == 202
     funes_server.wait_indexed("alice", "bob", timeout=60)
     bob_home = funes_server.home("bob")
+    earlier = len(fake_funes.calls("recall"))
     # When alice's token asks with queries that name bob, his directory or his marker
     queries = [
         "user=bob MT-5120",
@@ -115,7 +140,7 @@ async def test_the_query_cannot_choose_whose_memory_is_searched(
     # ran in alice's directory
     assert not [a for a in answers if "MT-5120" in a or "bob's" in a]
     assert "alice's own secret MT-6001" in answers[-1]
-    homes = {call["env"]["FUNES_HOME"] for call in fake_funes.calls("recall")}
+    homes = {call["env"]["FUNES_HOME"] for call in fake_funes.calls("recall")[earlier:]}
     assert homes == {str(funes_server.home("alice"))}
     # and bob's own token does find it (the marker is searchable at all)
     assert "bob's own secret MT-5120" in await funes_server.recall("bob", "MT-5120")
@@ -146,12 +171,14 @@ def jwt_settings(keys: RSAKeyPair, fake_funes: FakeFunes) -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def jwt_server(tmp_path: Path, fake_funes: FakeFunes) -> Iterator[tuple[Server, RSAKeyPair]]:
+@pytest.fixture(scope="module")
+def jwt_server(
+    tmp_path_factory: pytest.TempPathFactory, fake_funes: FakeFunes
+) -> Iterator[tuple[Server, RSAKeyPair]]:
     keys = RSAKeyPair.generate()
-    server = make_server(tmp_path, **jwt_settings(keys, fake_funes)).start()
-    yield server, keys
-    server.stop()
+    workdir = tmp_path_factory.mktemp("auth-jwt")
+    with make_server(workdir, **jwt_settings(keys, fake_funes)).start() as server:
+        yield server, keys
 
 
 async def test_a_jwt_signed_by_the_trusted_key_is_accepted_and_names_the_user(
@@ -408,19 +435,27 @@ def audit_of(server: Server, user: str) -> list[dict[str, Any]]:
 async def test_the_audit_records_the_calling_app_and_the_user_id_is_in_no_file_on_disk(
     tmp_path: Path,
     fake_funes: FakeFunes,
+    request: pytest.FixtureRequest,
     mode: str,
     client_claims: dict[str, str],
     recorded: str | None,
 ) -> None:
     # given a user whose id is a unique marker, and their token: a JWT with these claims
-    # besides sub, or a demo token
+    # besides sub (the module's JWT server: the marker is this test's alone), or a demo token
+    # (a server of its own, whose token file names the marker; its files are read once it has
+    # stopped, so what a server writes as it stops is looked at too)
     user = f"user-{secrets.token_hex(8)}"
-    keys = RSAKeyPair.generate()
-    settings = mode_settings(mode, keys, fake_funes)
-    server = make_server(tmp_path, **settings, users=(user,))  # type: ignore[arg-type]
     extra = {name: value.format(user=user) for name, value in client_claims.items()}
-    token = signed(keys, claims(sub=user, **extra)) if mode == "jwt" else server.tokens[user]
-    with server.start():
+    if mode == "jwt":
+        server, keys = request.getfixturevalue("jwt_server")
+        token = signed(keys, claims(sub=user, **extra))
+        running = contextlib.nullcontext(server)
+    else:
+        settings = mode_settings(mode, RSAKeyPair.generate(), fake_funes)
+        server = make_server(tmp_path, **settings, users=(user,))  # type: ignore[arg-type]
+        token = server.tokens[user]
+        running = server.start()
+    with running:
         assert server.post(conversation(user, "c", "ticket MT-4471 is open", "ok"))[0] == 202
         server.wait_indexed(user)
         # when their agent searches and they visit their memory page
@@ -430,9 +465,10 @@ async def test_the_audit_records_the_calling_app_and_the_user_id_is_in_no_file_o
         for path in ("/api/me", "/api/me/conversations", "/api/me/audit"):
             assert call(server, "GET", path, token=token)[0] == 200
         entries = audit_of(server, user)
-    # then the user id is in no file under DATA_DIR
+    # then the user's own files are there, and the user id is in no file under DATA_DIR
+    assert [path for path in server.home(user).rglob("*") if path.is_file()]
     files = [path for path in server.data_dir.rglob("*") if path.is_file()]
-    assert files and [path for path in files if user.encode() in path.read_bytes()] == []
+    assert [path for path in files if user.encode() in path.read_bytes()] == []
     # and the audit names the calling app only when the token does
     assert [entry["client"] for entry in entries] == [recorded]
 
@@ -593,25 +629,27 @@ def test_demo_tokens_have_no_sign_in_document_and_the_401_names_none(funes_serve
     ("mode", "reason"), [("jwt", "token expired"), ("demo tokens", "unknown token")]
 )
 def test_every_method_of_mcp_checks_the_token_first_and_the_401_says_why(
-    tmp_path: Path, fake_funes: FakeFunes, mode: str, reason: str
+    request: pytest.FixtureRequest, mode: str, reason: str
 ) -> None:
-    # given a server, and a token it refuses
-    keys = RSAKeyPair.generate()
-    refused = signed(keys, claims(exp=int(time.time()) - 60)) if mode == "jwt" else "not-a-token"
-    with make_server(tmp_path, **mode_settings(mode, keys, fake_funes)).start() as server:
-        # when each method comes without a token and with the refused one
-        answers = {
-            (method, offered): call(
-                server,
-                method,
-                "/mcp",
-                INITIALIZE if method in ("POST", "PUT") else None,
-                refused if offered else None,
-                MCP_HEADERS,
-            )
-            for method in ("GET", "POST", "DELETE", "PUT")
-            for offered in (False, True)
-        }
+    # given a server (the module's, verifying JWTs or the demo tokens), and a token it refuses
+    if mode == "jwt":
+        server, keys = request.getfixturevalue("jwt_server")
+        refused = signed(keys, claims(exp=int(time.time()) - 60))
+    else:
+        server, refused = request.getfixturevalue("funes_server"), "not-a-token"
+    # when each method comes without a token and with the refused one
+    answers = {
+        (method, offered): call(
+            server,
+            method,
+            "/mcp",
+            INITIALIZE if method in ("POST", "PUT") else None,
+            refused if offered else None,
+            MCP_HEADERS,
+        )
+        for method in ("GET", "POST", "DELETE", "PUT")
+        for offered in (False, True)
+    }
     # then each is 401 (GET was 405 before the token was looked at), with RFC 6750's header and
     # a JSON-RPC error that names the reason
     for (method, offered), (status, headers, body) in answers.items():

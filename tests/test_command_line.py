@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, make_server
+from conftest import ROOT, FakeFunes, make_server
 
 from recall.settings import GENERATE_KEY, Settings
 from recall.testing import free_port
@@ -117,8 +117,12 @@ def test_a_bad_setting_stops_the_backfill_with_exit_2_and_one_line_naming_it(
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_seeder_with_wait_posts_once_the_server_comes_up(tmp_path: Path) -> None:
-    server = make_server(tmp_path, ENGINE="embedded")
+def test_seeder_with_wait_posts_once_the_server_comes_up(
+    tmp_path: Path, fake_funes: FakeFunes
+) -> None:
+    # (on the funes stand-in: the seeder then waits for the index runs, which the embedded
+    # engine takes a CPU-minute over here; the next test waits for those)
+    server = make_server(tmp_path, ENGINE="funes", FUNES_BIN=str(fake_funes.path))
     # The seeder starts first, as when the README's block is pasted whole.
     starter = threading.Timer(1.0, server.start)
     starter.start()
@@ -230,8 +234,9 @@ def test_seeder_with_wait_reports_a_port_held_by_another_program_at_once(tmp_pat
 def test_seeding_again_after_an_erase_names_the_erase_and_how_to_start_over(
     tmp_path: Path,
 ) -> None:
-    # given the demo seeded, then alice erased
-    with make_server(tmp_path, ENGINE="embedded").start() as server:
+    # given the demo seeded, then alice erased (no index run meanwhile: an erase waits for a
+    # running one, and what the runs would index has no part in this)
+    with make_server(tmp_path, ENGINE="embedded", INDEX_DEBOUNCE="3600").start() as server:
         key = server.ingest_key
         assert run("seeds/seed.py", "--url", server.url, "--key", key).returncode == 0
         assert server.post({"user": "alice"}, route="/erase")[0] == 200

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FakeFunes, Server, conversation, make_server, turn, wait_for
+from conftest import (
+    FakeFunes,
+    Server,
+    conversation,
+    install_fake_funes,
+    make_server,
+    turn,
+    wait_for,
+)
 
 from recall.conversations import (
     SOURCE_SUFFIX,
@@ -19,6 +28,42 @@ from recall.conversations import (
 )
 from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
 from recall.engines.funes import FunesEngine, parse_hits, render_hits
+
+
+# One server and its stand-in for the tests that take `funes_server` (a server start costs
+# seconds of CPU): each sees the stand-in's calls from its own start on, and leaves it as it
+# found it (normal mode, installed). The tests that need other settings start a server of their
+# own, on a stand-in of their own: the shared server's index runs cannot show up in its calls.
+@pytest.fixture(scope="module")
+def module_funes(tmp_path_factory: pytest.TempPathFactory) -> FakeFunes:
+    return install_fake_funes(tmp_path_factory.mktemp("funes-engine") / "funes-bin")
+
+
+@pytest.fixture
+def fake_funes(
+    request: pytest.FixtureRequest, module_funes: FakeFunes, tmp_path: Path
+) -> Iterator[FakeFunes]:
+    if "funes_server" not in request.fixturenames:
+        yield install_fake_funes(tmp_path / "funes-bin")
+        return
+    yield module_funes.from_now()
+    module_funes.control()
+    if not module_funes.path.exists():
+        module_funes.install()
+
+
+@pytest.fixture(scope="module")
+def module_server(
+    tmp_path_factory: pytest.TempPathFactory, module_funes: FakeFunes
+) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("funes-engine-server")
+    with make_server(workdir, ENGINE="funes", FUNES_BIN=str(module_funes.path)).start() as server:
+        yield server
+
+
+@pytest.fixture
+def funes_server(module_server: Server, fake_funes: FakeFunes) -> Server:
+    return module_server
 
 
 def seed_alice(server: Server) -> None:

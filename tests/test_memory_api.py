@@ -107,7 +107,8 @@ def as_user(server: Server, user: str, method: str, path: str, body: Any = None)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("memory-api")
-    users = ("alice", "bob", "carol")
+    # erin never posts; dana's conversations come with the `dana` fixture
+    users = ("alice", "bob", "carol", "dana", "erin")
     server = make_server(workdir, ENGINE="embedded", users=users, **module_backing.settings)
     server.start()
     for body in (ALICE_SYNC, BOB_SYNC, ALICE_PALLETS, BOB_PALLETS, CAROL_GARDEN):
@@ -232,13 +233,11 @@ async def test_search_answers_exactly_what_the_agents_tool_answers_with_links(
     assert any(turn in linked for turn in (leads_to("alice", sync, 0), leads_to("alice", sync, 1)))
 
 
-def test_a_search_with_no_memory_gives_the_tools_fail_soft_answer(
-    tmp_path: Path, backing: Backing
-) -> None:
-    with make_server(tmp_path, ENGINE="embedded", **backing.settings).start() as fresh:
-        found = as_user(fresh, "alice", "POST", "/api/me/search", {"query": "anything"})
-        assert found == {"query": "anything", "answer": NO_MEMORY, "passages": []}
-        assert as_user(fresh, "alice", "GET", "/api/me/conversations") == {"conversations": []}
+def test_a_search_with_no_memory_gives_the_tools_fail_soft_answer(server: Server) -> None:
+    # (erin has never posted, while the others on this server have memories)
+    found = as_user(server, "erin", "POST", "/api/me/search", {"query": "anything"})
+    assert found == {"query": "anything", "answer": NO_MEMORY, "passages": []}
+    assert as_user(server, "erin", "GET", "/api/me/conversations") == {"conversations": []}
 
 
 async def test_with_funes_the_passages_and_the_audit_lead_to_their_turns_by_exact_time(
@@ -528,15 +527,13 @@ FORGED_HEADER = conversation(
 
 
 @pytest.fixture(scope="module")
-def dana(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) -> Iterator[Server]:
-    workdir = tmp_path_factory.mktemp("memory-api-dana")
-    settings = module_backing.settings
-    server = make_server(workdir, ENGINE="embedded", users=("dana",), **settings).start()
+def dana(server: Server) -> Server:
+    """The module's server, with dana's conversations (a user of her own, no server of her own:
+    a start costs seconds of CPU)."""
     for body in (*SAME_MINUTE, FORGED_HEADER):
         assert server.post(body)[0] == 202
     server.wait_indexed("dana")
-    yield server
-    server.stop()
+    return server
 
 
 def audit_lines(count: int) -> list[dict[str, Any]]:

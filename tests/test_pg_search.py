@@ -104,9 +104,39 @@ def history_bodies(n: int) -> tuple[list[dict], list[str]]:
     return bodies, queries + EXTRA_QUERIES
 
 
+class Remembered:
+    """The real model, each distinct text embedded once for the module: its tests index the
+    same histories in both stores and again with each runner, and a text's vector does not
+    depend on what else is embedded with it (CPU: issue 23)."""
+
+    def __init__(self, inner: OnnxEmbedder) -> None:
+        self.inner = inner
+        self.dim = inner.dim
+        self.fingerprint = inner.fingerprint
+        self._rows: dict[tuple[str, str], np.ndarray] = {}
+        self._lock = threading.Lock()  # index runs embed on threads of their own
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self._embed("text", texts, self.inner.embed)
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        return self._embed("query", texts, self.inner.embed_query)
+
+    def _embed(self, kind: str, texts: list[str], compute: Any) -> np.ndarray:
+        with self._lock:
+            missing = list(dict.fromkeys(t for t in texts if (kind, t) not in self._rows))
+        if missing:
+            for text, row in zip(missing, compute(missing), strict=True):
+                with self._lock:
+                    self._rows[(kind, text)] = row
+        with self._lock:
+            rows = [self._rows[(kind, t)] for t in texts]
+        return np.array(rows, dtype=np.float32).reshape(len(texts), self.dim)
+
+
 @pytest.fixture(scope="module")
-def embedder() -> OnnxEmbedder:
-    return load_embedder()
+def embedder() -> Remembered:
+    return Remembered(load_embedder())
 
 
 @pytest.fixture
@@ -267,7 +297,7 @@ def sqlite_terms(home: Path) -> tuple[dict[str, int], int, int]:
 
 @pytest.mark.slow
 async def test_postgres_answers_every_query_as_the_embedded_engine_does(
-    embedder: OnnxEmbedder,
+    embedder: Remembered,
     db: Database,
     store: PgStore,
     superuser: psycopg.Connection[Any],
@@ -319,7 +349,7 @@ async def test_postgres_answers_every_query_as_the_embedded_engine_does(
 
 
 async def test_postgres_applies_recency_as_the_embedded_engine_does(
-    embedder: OnnxEmbedder,
+    embedder: Remembered,
     db: Database,
     store: PgStore,
     superuser: psycopg.Connection[Any],
@@ -344,7 +374,7 @@ async def test_postgres_applies_recency_as_the_embedded_engine_does(
 
 
 async def test_postgres_reads_a_recalled_turn_only_as_a_labelled_neighbour(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     # Given a conversation whose answer was built with recall
     turns = [("user", "When was valve V-9 replaced?"), ("assistant", RECALLED), ("user", "Ok.")]
@@ -369,7 +399,7 @@ async def test_postgres_reads_a_recalled_turn_only_as_a_labelled_neighbour(
 
 
 async def test_a_repost_embeds_only_the_new_and_changed_pieces_as_the_embedded_engine_does(
-    embedder: OnnxEmbedder,
+    embedder: Remembered,
     db: Database,
     store: PgStore,
     superuser: psycopg.Connection[Any],
@@ -431,7 +461,7 @@ class Refingerprinted:
 
 
 async def test_another_embedder_fingerprint_rebuilds_the_index_and_is_never_mixed(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     # Given a user indexed by one model
     await post(store, [body("alice", cid, start, turns) for cid, (start, turns) in CORPUS.items()])
@@ -500,7 +530,7 @@ async def reached(gate: Gate) -> None:
 
 @pytest.mark.slow
 async def test_a_run_stopped_mid_way_is_finished_by_another_runner_once_its_lease_runs_out(
-    embedder: OnnxEmbedder,
+    embedder: Remembered,
     pg_database: PgDatabase,
     store: PgStore,
     superuser: psycopg.Connection[Any],
@@ -574,7 +604,7 @@ async def caught_mid_run(
 
 
 async def test_a_flush_writes_nothing_once_its_lease_is_another_runners(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     # Given a run caught in its second batch
     held, gate, _ = await caught_mid_run(db, embedder, store)
@@ -597,7 +627,7 @@ async def test_a_flush_writes_nothing_once_its_lease_is_another_runners(
 
 
 async def test_a_conversation_forgotten_or_rewritten_mid_run_is_never_written_from_its_old_read(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     # Given a run that has read its second batch (the last conversations) and is embedding it
     held, gate, convs = await caught_mid_run(db, embedder, store)
@@ -635,7 +665,7 @@ async def test_a_conversation_forgotten_or_rewritten_mid_run_is_never_written_fr
 
 
 async def test_forgetting_drops_the_conversation_from_the_terms_and_totals(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     # Given a user with several conversations, indexed
     await post(store, [body("alice", cid, start, turns) for cid, (start, turns) in CORPUS.items()])
@@ -680,7 +710,7 @@ class ForgetsWhileReading(PgSearch):
 
 
 async def test_a_forget_committed_during_a_recall_never_returns_the_forgotten_passage(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     # Given two conversations, one holding a secret word
     alice = user_dir_name("alice")
@@ -709,7 +739,7 @@ async def test_a_forget_committed_during_a_recall_never_returns_the_forgotten_pa
 
 
 async def test_another_users_rows_are_never_found_nor_counted(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     # Given alice's history, and her answers to a few queries
     await post(store, [body("alice", cid, start, turns) for cid, (start, turns) in CORPUS.items()])
@@ -735,7 +765,7 @@ async def test_another_users_rows_are_never_found_nor_counted(
 
 
 async def test_a_cancelled_recall_leaves_the_pool_and_the_next_recall_whole(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     # Given an indexed user
     await post(store, [body("alice", cid, start, turns) for cid, (start, turns) in CORPUS.items()])
@@ -758,7 +788,7 @@ async def test_a_cancelled_recall_leaves_the_pool_and_the_next_recall_whole(
 
 
 async def test_state_tells_none_pending_unindexed_and_ready(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     search = PgSearch(db, embedder)
     alice = user_dir_name("alice")
@@ -788,7 +818,7 @@ class CountsReads(PgSearch):
 
 
 async def test_a_cached_matrix_serves_until_the_users_chunks_change_on_any_replica(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     # Given a replica that recalled once (its matrix of alice's vectors cached)
     alice = user_dir_name("alice")
@@ -820,7 +850,7 @@ async def test_a_cached_matrix_serves_until_the_users_chunks_change_on_any_repli
 
 
 async def test_every_change_to_a_users_chunks_makes_a_generation_never_seen_before(
-    embedder: OnnxEmbedder, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
     alice = user_dir_name("alice")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,7 +46,11 @@ BOBS = {
 def server(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("read-tool")
     server = make_server(
-        workdir, ENGINE="embedded", MAX_RESULT_CHARS=str(CAP), **module_backing.settings
+        workdir,
+        ENGINE="embedded",
+        MAX_RESULT_CHARS=str(CAP),
+        users=("alice", "bob", "carol"),  # carol's conversation is forgotten by a test
+        **module_backing.settings,
     )
     server.start()
     for body in (NIGHTLY, BOBS):
@@ -198,16 +201,13 @@ async def test_the_ref_is_the_same_after_a_restart(server: Server) -> None:
     assert ERROR_LINE in await server.read("alice", ref=before[0], from_turn=3, to_turn=3)
 
 
-async def test_a_forgotten_conversation_is_unreadable_at_once(
-    tmp_path: Path, backing: Backing
-) -> None:
-    with make_server(tmp_path, ENGINE="embedded", **backing.settings).start() as server:
-        # given a conversation the agent can read
-        assert server.post(BOBS)[0] == 202
-        ref = conversation_ref(user_dir_name("bob"), "bob-motor")
-        assert "P-7 motor" in await server.read("bob", ref=ref)
-        # when it is forgotten
-        status, _ = server.post({"user": "bob", "conversation_id": "bob-motor"}, route="/forget")
-        assert status == 200
-        # then the very next read finds nothing, as for a reference never given
-        assert await server.read("bob", ref=ref) == NOT_FOUND
+async def test_a_forgotten_conversation_is_unreadable_at_once(server: Server) -> None:
+    # given a conversation the agent can read (carol's: no other test reads it)
+    assert server.post({**BOBS, "user": "carol"})[0] == 202
+    ref = conversation_ref(user_dir_name("carol"), "bob-motor")
+    assert "P-7 motor" in await server.read("carol", ref=ref)
+    # when it is forgotten
+    status, _ = server.post({"user": "carol", "conversation_id": "bob-motor"}, route="/forget")
+    assert status == 200
+    # then the very next read finds nothing, as for a reference never given
+    assert await server.read("carol", ref=ref) == NOT_FOUND

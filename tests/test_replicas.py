@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,20 @@ from recall.engines.base import NOTHING_FOUND, UNAVAILABLE
 from recall.reading import NOT_FOUND
 
 USERS = ("alice", "bob")
+# The shared pair's users: each test on it has users of its own.
+SHARED_USERS = ("alice", "bob", "carol", "dave", "erin")
 
 
-@pytest.fixture
-def replicas(tmp_path: Path, pg_database: PgDatabase) -> Iterator[tuple[Server, Server]]:
+@contextmanager
+def started_pair(
+    workdir: Path, database_url: str, users: tuple[str, ...]
+) -> Iterator[tuple[Server, Server]]:
     first = make_server(
-        tmp_path,
-        users=USERS,
+        workdir,
+        users=users,
         ENGINE="embedded",
         STORE="postgres",
-        DATABASE_URL=pg_database.app_url,
+        DATABASE_URL=database_url,
         INDEX_DEBOUNCE="0.1",
         INDEX_LEASE="3",  # a killed replica's run is taken over within seconds
         log_name="replica-1.log",
@@ -43,6 +48,28 @@ def replicas(tmp_path: Path, pg_database: PgDatabase) -> Iterator[tuple[Server, 
     second = first.replica("replica-2.log")
     with first.start(), second.start():
         yield first, second
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, pg_database: PgDatabase) -> Iterator[tuple[Server, Server]]:
+    """A pair of its own, for a test that kills a replica or restarts the database."""
+    with started_pair(tmp_path, pg_database.app_url, USERS) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, pg_server: PgServer
+) -> Iterator[tuple[Server, Server]]:
+    """One pair for the tests that only post, read and forget, each for users of its own: two
+    server starts cost seconds of CPU."""
+    database = pg_server.new_database()
+    try:
+        workdir = tmp_path_factory.mktemp("replicas")
+        with started_pair(workdir, database.app_url, SHARED_USERS) as pair:
+            yield pair
+    finally:
+        pg_server.drop_database(database.name)
 
 
 def urlopen_body(server: Server, path: str) -> bytes:
@@ -54,9 +81,9 @@ def urlopen_body(server: Server, path: str) -> bytes:
 
 
 async def test_a_post_to_one_replica_is_recalled_from_the_other(
-    replicas: tuple[Server, Server],
+    shared: tuple[Server, Server],
 ) -> None:
-    first, second = replicas
+    first, second = shared
     body = conversation("alice", "ticket", "Who owns ticket MT-4471?", "Dana from platform.")
     assert first.post(body)[0] == 202
     second.wait_indexed("alice")
@@ -66,48 +93,48 @@ async def test_a_post_to_one_replica_is_recalled_from_the_other(
 
 
 async def test_a_forget_on_one_replica_is_honoured_by_the_other_at_once(
-    replicas: tuple[Server, Server],
+    shared: tuple[Server, Server],
 ) -> None:
-    first, second = replicas
-    secret = conversation("alice", "vault", "The vault code word is zephyrquartz.", "Noted.")
-    kept = conversation("alice", "garden", "The garden plan is marigoldvector.", "Ok.", day=9)
+    first, second = shared
+    secret = conversation("carol", "vault", "The vault code word is zephyrquartz.", "Noted.")
+    kept = conversation("carol", "garden", "The garden plan is marigoldvector.", "Ok.", day=9)
     for body in (secret, kept):
         assert first.post(body)[0] == 202
-    first.wait_indexed("alice")
-    assert "zephyrquartz" in await second.recall("alice", "vault code word zephyrquartz")
+    first.wait_indexed("carol")
+    assert "zephyrquartz" in await second.recall("carol", "vault code word zephyrquartz")
 
-    status, receipt = second.post({"user": "alice", "conversation_id": "vault"}, route="/forget")
+    status, receipt = second.post({"user": "carol", "conversation_id": "vault"}, route="/forget")
 
     assert status == 200 and receipt["removed"]["conversations"] == 1
     # the very next recall on the replica that did not forget finds nothing of it
-    assert "zephyrquartz" not in await first.recall("alice", "vault code word zephyrquartz")
-    assert first.stored_turns("alice", "vault") is None
-    assert "marigoldvector" in await first.recall("alice", "garden plan marigoldvector")
+    assert "zephyrquartz" not in await first.recall("carol", "vault code word zephyrquartz")
+    assert first.stored_turns("carol", "vault") is None
+    assert "marigoldvector" in await first.recall("carol", "garden plan marigoldvector")
     assert first.post(secret)[0] == 410  # its tombstone holds on both
 
 
 async def test_a_forget_on_one_replica_leaves_the_conversation_unreadable_on_the_other(
-    replicas: tuple[Server, Server],
+    shared: tuple[Server, Server],
 ) -> None:
-    first, second = replicas
-    assert first.post(conversation("alice", "vault", "The vault code is zephyrquartz."))[0] == 202
-    ref = conversation_ref(user_dir_name("alice"), "vault")
+    first, second = shared
+    assert first.post(conversation("dave", "vault", "The vault code is zephyrquartz."))[0] == 202
+    ref = conversation_ref(user_dir_name("dave"), "vault")
     # both replicas read it by the same reference, with nothing shared but the database
-    assert "zephyrquartz" in await first.read("alice", ref=ref)
-    assert "zephyrquartz" in await second.read("alice", ref=ref)
+    assert "zephyrquartz" in await first.read("dave", ref=ref)
+    assert "zephyrquartz" in await second.read("dave", ref=ref)
     # when one forgets it, the very next read on the other finds nothing
-    status, _ = second.post({"user": "alice", "conversation_id": "vault"}, route="/forget")
+    status, _ = second.post({"user": "dave", "conversation_id": "vault"}, route="/forget")
     assert status == 200
-    assert await first.read("alice", ref=ref) == NOT_FOUND
+    assert await first.read("dave", ref=ref) == NOT_FOUND
 
 
 def test_the_same_conversation_posted_to_both_at_once_ends_whole(
-    replicas: tuple[Server, Server],
+    shared: tuple[Server, Server],
 ) -> None:
-    first, second = replicas
+    first, second = shared
     # Two different versions of one conversation, each posted many times to each replica at once
     versions = [
-        conversation("alice", "race", *[f"{tag} turn {n} quillfern" for n in range(length)])
+        conversation("erin", "race", *[f"{tag} turn {n} quillfern" for n in range(length)])
         for tag, length in (("short", 3), ("long", 9))
     ]
     statuses: list[int] = []
@@ -127,10 +154,15 @@ def test_the_same_conversation_posted_to_both_at_once_ends_whole(
         thread.join()
 
     assert set(statuses) == {202}
-    stored = second.stored_turns("alice", "race")
+    stored = second.stored_turns("erin", "race")
     texts = [t["text"] for t in stored or []]
     # one whole version, never a mix (they differ in every turn: whichever came last is stored)
     assert texts in [[t["text"] for t in version["turns"]] for version in versions]
+
+
+# Enough that the run is still under way when the replica is killed (checked), on a fast machine
+# too: each embeds a piece of about 1,000 characters.
+CONVERSATIONS = 48
 
 
 async def test_a_replica_killed_during_an_index_run_leaves_the_work_to_the_other(
@@ -148,7 +180,7 @@ async def test_a_replica_killed_during_an_index_run_leaves_the_work_to_the_other
                 turn("assistant", f"Logged batch {n}."),
             ],
         }
-        for n in range(120)
+        for n in range(CONVERSATIONS)
     ]
     for body in bodies:
         assert first.post(body)[0] == 202
@@ -166,12 +198,17 @@ async def test_a_replica_killed_during_an_index_run_leaves_the_work_to_the_other
     assert first.process is not None
     os.kill(first.process.pid, signal.SIGKILL)
     first.process.wait()
+    with psycopg.connect(pg_database.superuser_url) as conn:
+        (indexed,) = conn.execute(
+            "SELECT count(DISTINCT conversation_id) FROM chunks WHERE user_hash = %s", (hash_,)
+        ).fetchone()
+    assert leased() and indexed < CONVERSATIONS, "no run was under way: this proved nothing"
 
     # Then the other one takes the run over once the lease runs out, and finds every one. (A
     # ceiling: 68 s alone at load 7, past 180 s beside other tests, whose CPU comes before the
     # index workers' SCHED_IDLE.)
     wait_for(lambda: second.health()["indexing"] == 0, timeout=600)
-    for n in random.Random(4).sample(range(120), 10):
+    for n in random.Random(4).sample(range(CONVERSATIONS), 10):
         found = await second.recall("alice", f"the {words[n % 5]} batch {n}")
         assert f"Note {n}:" in found, n
 

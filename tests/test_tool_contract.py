@@ -16,9 +16,12 @@ from recall.engines.base import NOT_YET, UNAVAILABLE
 from recall.engines.embedded import db_path
 
 
-@pytest.fixture
-def server(tmp_path: Path, backing: Backing) -> Iterator[Server]:
-    with make_server(tmp_path, ENGINE="embedded", **backing.settings).start() as server:
+# One server per store for the module's tests that only list the tools or post the same
+# conversation: a server start costs seconds of CPU.
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("tool-contract")
+    with make_server(workdir, ENGINE="embedded", **module_backing.settings).start() as server:
         yield server
 
 
