@@ -162,8 +162,13 @@ async def test_workers_index_with_the_servers_int8_graph_and_a_switch_back_rebui
         server.stop()
         server.env["EMBED_COMPUTE"] = "float32"
         server.start()
-        # Then the index is rebuilt with the float32 model, and recall goes on
-        wait_for(lambda: built_by(server, "alice") == float32, timeout=60)
+        # Then the index is rebuilt with the float32 model, and recall goes on (the db names
+        # its model from the rebuild's start: wait for the run's end too, which a loaded
+        # machine made long enough for the recall to come first)
+        wait_for(
+            lambda: built_by(server, "alice") == float32 and server.health()["indexing"] == 0,
+            timeout=300,
+        )
         assert "Priya" in await server.recall("alice", "who owns MT-4471?")
     finally:
         server.stop()
