@@ -24,6 +24,7 @@ import pytest
 from pg import PgDatabase
 from test_embedded_engine import CORPUS, CountingEmbedder
 
+import recall.pg.index
 from benchmark.history import generate
 from recall.conversations import parse_conversation, user_dir_name, write_conversation
 from recall.embedder import Embedder, OnnxEmbedder, load_embedder
@@ -624,6 +625,47 @@ async def test_a_flush_writes_nothing_once_its_lease_is_another_runners(
     assert superuser.execute("SELECT count(*) FROM chunks").fetchone() == before
     assert superuser.execute("SELECT lease_owner FROM users").fetchone() == ("another-replica",)
     await stop(held)
+
+
+async def test_a_post_of_the_user_never_waits_for_an_index_flush_in_the_middle_of_its_writes(
+    embedder: Remembered,
+    db: Database,
+    store: PgStore,
+    superuser: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given an index flush held in its transaction, its chunks and postings written, uncommitted
+    writing, go_on = asyncio.Event(), asyncio.Event()
+    insert = recall.pg.index._insert
+
+    async def held_insert(*args: Any) -> tuple[int, int]:
+        totals = await insert(*args)
+        writing.set()
+        await go_on.wait()
+        return totals
+
+    monkeypatch.setattr(recall.pg.index, "_insert", held_insert)
+    bodies, _ = history_bodies(10)
+    await post(store, bodies)
+    work = runner(db, embedder)
+    await work.start()
+    try:
+        async with asyncio.timeout(120):
+            await writing.wait()
+
+        # When the gateway posts a new conversation of the same user meanwhile
+        new = body(USER, "while-flushing", "2025-08-01T09:00:00Z", [("user", "Pump P-9 noted.")])
+        async with asyncio.timeout(5):  # a flush holding the users row would hold it to the end
+            await post(store, [new])
+
+        # Then it was stored at once, and the flush then ends consistent, the post due again
+        assert "while-flushing" in await store.conversation_ids(user_dir_name(USER))
+    finally:
+        go_on.set()
+    await indexed(superuser, USER)
+    await stop(work)
+    assert chunk_texts(superuser, USER, "while-flushing") == ["Pump P-9 noted."]
+    consistent_stats(superuser, USER)
 
 
 async def test_a_conversation_forgotten_or_rewritten_mid_run_is_never_written_from_its_old_read(

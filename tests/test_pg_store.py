@@ -20,7 +20,7 @@ from recall.conversations import parse_conversation, user_dir_name
 from recall.embedder import Embedder, load_embedder
 from recall.lifecycle import Forgotten, NotDue, NotFound, expired, turn_digest
 from recall.pg.database import Database
-from recall.pg.index import IndexRunner
+from recall.pg.index import IndexRunner, index_lock
 from recall.pg.schema import key_id
 from recall.pg.search import PgSearch
 from recall.pg.store import PgStore, conversation_lock
@@ -400,11 +400,17 @@ async def test_a_forget_racing_posts_on_other_replicas_never_lets_the_text_back(
         await put(b, body)
 
 
-async def test_a_forget_and_a_post_meeting_an_index_flush_do_not_deadlock(
-    replicas: tuple[PgStore, PgStore], owner: psycopg.AsyncConnection[Any], pg_database: PgDatabase
+@pytest.mark.parametrize("holder", ["index flush", "users row"])
+async def test_a_forget_and_a_post_meeting_another_transaction_of_the_user_do_not_deadlock(
+    replicas: tuple[PgStore, PgStore],
+    owner: psycopg.AsyncConnection[Any],
+    pg_database: PgDatabase,
+    holder: str,
 ) -> None:
-    # Given an index flush holding the user's row (FOR NO KEY UPDATE), a forget waiting for it,
-    # and a post of the same conversation arriving meanwhile, held at its conversation's row
+    # Given a transaction of the user in progress (an index flush in the middle of its writes,
+    # holding the user's index lock; or one holding the user's row FOR NO KEY UPDATE, as a
+    # forget or a post's end does), a forget waiting for it, and a post of the same conversation
+    # arriving meanwhile, held at its conversation's row
     a, b = replicas
     await seed(a)
     body = conversation("alice", "secret", f"The vault code is {SECRET}.", "Noted.", "More.")
@@ -413,14 +419,22 @@ async def test_a_forget_and_a_post_meeting_an_index_flush_do_not_deadlock(
             "SELECT 1 FROM conversations WHERE user_hash = %s FOR UPDATE", (ALICE,)
         )
         async with owner.transaction():
-            await owner.execute(
-                "SELECT 1 FROM users WHERE user_hash = %s FOR NO KEY UPDATE", (ALICE,)
-            )
+            if holder == "index flush":
+                await owner.execute(index_lock(ALICE))
+            else:
+                await owner.execute(
+                    "SELECT 1 FROM users WHERE user_hash = %s FOR NO KEY UPDATE", (ALICE,)
+                )
             forgetting = asyncio.create_task(b.forget(ALICE, "secret", "request"))
             await waiting_on_locks(owner, 1)
             posting = asyncio.create_task(put(a, body))
             await waiting_on_locks(owner, 2)
-        # When the flush commits, then (once the forget took the row) the conversation's row
+            # When it ends as a flush does (its last statement updates the users row)
+            async with asyncio.timeout(5):
+                await owner.execute(
+                    "UPDATE users SET passages = passages WHERE user_hash = %s", (ALICE,)
+                )
+        # and commits, then (once the forget took the row) the conversation's row is let go
         await asyncio.sleep(0.3)
         await row_holder.commit()
 
@@ -429,6 +443,29 @@ async def test_a_forget_and_a_post_meeting_an_index_flush_do_not_deadlock(
     assert isinstance(receipt, dict) and receipt["removed"]["turns"] == 2, receipt
     assert posted is True, posted
     assert await stored(a, "alice", "secret") == [(0, "More.")]
+
+
+async def test_an_erase_meeting_an_index_flush_waits_for_it_without_deadlock(
+    store: PgStore, owner: psycopg.AsyncConnection[Any]
+) -> None:
+    # Given an index flush in the middle of its writes (holding the user's index lock), and an
+    # erase of the user arriving meanwhile
+    await seed(store)
+    async with owner.transaction():
+        await owner.execute(index_lock(ALICE))
+        erasing = asyncio.create_task(store.erase(ALICE))
+        await waiting_on_locks(owner, 1)
+
+        # When the flush ends as a flush does (its last statement updates the users row)
+        async with asyncio.timeout(5):
+            await owner.execute(
+                "UPDATE users SET passages = passages WHERE user_hash = %s", (ALICE,)
+            )
+
+    # Then the erase goes on once the flush committed, and erases everything
+    receipt = await asyncio.wait_for(erasing, 10)
+    assert receipt["removed"]["conversations"] == 2
+    assert await store.conversation_ids(ALICE) == []
 
 
 async def test_a_store_of_one_connection_forgets_and_erases(pg_database: PgDatabase) -> None:

@@ -4,8 +4,9 @@ their conversations, and BM25's postings and term statistics kept as FTS5 keeps 
     users.due_at passed, no live lease -> recall_claim (FOR NO KEY UPDATE SKIP LOCKED, a lease)
       -> one run per claimed user: the conversations whose version `indexed` does not show
       -> their pieces (the embedded engine's _rows_of) -> embed only new or changed text
-      -> flushes of FLUSH_TEXTS pieces, each one transaction under the users-row lock that
-         checks the lease and re-checks each conversation's version
+      -> flushes of FLUSH_TEXTS pieces, each one transaction under the user's index lock that
+         re-checks each conversation's version, writes, and last of all checks the lease and
+         moves the BM25 totals in the users row
       -> the run's end: indexed_changes, due again when writes came meanwhile, lease cleared.
 
 The pieces, their chunk keys, what counts as changed and when to flush are the embedded
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psycopg
+from psycopg import sql
 
 from recall.concurrency import run_in
 from recall.conversations import SOURCE_SUFFIX
@@ -75,7 +77,18 @@ def fingerprint(embedder: Embedder) -> str:
     return json.dumps(built_by(embedder), sort_keys=True)
 
 
-# --- dropping index rows (the caller holds the transaction and the users-row lock) ------------
+def index_lock(user_hash: str) -> sql.Composed:
+    """A user's index lock (held to the transaction's end): the user's index flushes, forgets and
+    erases, on any replica, one at a time. Posts never take it: a flush holds it while it writes
+    and takes the users row only for its last statement, so a post of the user (whose end
+    updates that row) waits a moment at most, never for a flush's writes. (':' keeps the key
+    apart from the conversations' locks, `<hash>/<conversation id>`.)"""
+    return sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended({} || ':index', 0))").format(
+        sql.Literal(user_hash)
+    )
+
+
+# --- dropping index rows (the caller holds the transaction and the user's index lock) ---------
 
 
 async def drop_conversation(conn: Connection, user_hash: str, conversation_id: str) -> int:
@@ -87,7 +100,7 @@ async def drop_conversation(conn: Connection, user_hash: str, conversation_id: s
         (user_hash, conversation_id),
     )
     dropped = await cur.fetchall()
-    await _unindex(conn, user_hash, dropped)
+    await _add_totals(conn, user_hash, *await _unindex(conn, user_hash, dropped))
     await conn.execute(
         "DELETE FROM indexed WHERE user_hash = %s AND conversation_id = %s",
         (user_hash, conversation_id),
@@ -110,19 +123,22 @@ async def drop_user_index(conn: Connection, user_hash: str) -> int:
     return removed
 
 
-async def _unindex(conn: Connection, user_hash: str, dropped: list[tuple[int, bool, int]]) -> None:
+async def _unindex(
+    conn: Connection, user_hash: str, dropped: list[tuple[int, bool, int]]
+) -> tuple[int, int]:
     """The postings of chunks just deleted (id, recalled, tokens) go, and their share of the
-    term counts and of the BM25 totals."""
+    term counts; their share of the BM25 totals (passages, tokens) is returned, for the caller to
+    move with the users row."""
     searchable = [(chunk_id, tokens) for chunk_id, recalled, tokens in dropped if not recalled]
     if not searchable:
-        return
+        return 0, 0
     cur = await conn.execute(
         "DELETE FROM postings WHERE user_hash = %s AND chunk_id = ANY(%s) RETURNING term",
         (user_hash, [chunk_id for chunk_id, _ in searchable]),
     )
     gone = Counter(term for (term,) in await cur.fetchall())
     await _add_terms(conn, user_hash, {term: -n for term, n in gone.items()})
-    await _add_totals(conn, user_hash, -len(searchable), -sum(t for _, t in searchable))
+    return -len(searchable), -sum(t for _, t in searchable)
 
 
 async def _add_terms(conn: Connection, user_hash: str, delta: dict[str, int]) -> None:
@@ -154,11 +170,12 @@ async def _add_totals(conn: Connection, user_hash: str, passages: int, tokens: i
 
 async def _insert(
     conn: Connection, user_hash: str, rows: list[_Row], counted: list[Counted]
-) -> None:
-    """Write pieces with their postings, term counts and BM25 totals. Ids are given in the
-    pieces' order, as SQLite gives rowids: ties in the ranking break the same way."""
+) -> tuple[int, int]:
+    """Write pieces with their postings and term counts; their share of the BM25 totals
+    (passages, tokens) is returned, as `_unindex` returns it. Ids are given in the pieces' order,
+    as SQLite gives rowids: ties in the ranking break the same way."""
     if not rows:
-        return
+        return 0, 0
     cur = await conn.execute(
         "INSERT INTO chunks (user_hash, chunk, conversation_id, turn, seq, block, split, ts,"
         " epoch, role, text, ids, digest, recalled, tokens, embedding)"
@@ -207,7 +224,7 @@ async def _insert(
             (user_hash, term, chunk_id, tf_text, tf_ids),
         )
     await _add_terms(conn, user_hash, dict(delta))
-    await _add_totals(conn, user_hash, passages, tokens)
+    return passages, tokens
 
 
 # --- index runs -------------------------------------------------------------------------------
@@ -221,6 +238,20 @@ class LeaseLost(Exception):
 class RunStopped(Exception):
     """The run passed its timeout, or its renewal found the lease lost: it stops between
     flushes (what was flushed is consistent)."""
+
+
+@dataclass
+class _Moved:
+    """What a flush moves in the users row at its end: the BM25 totals, and whether the user's
+    chunks changed (a new generation: a replica's cached matrix of them is stale)."""
+
+    passages: int = 0
+    tokens: int = 0
+    chunks: bool = False
+
+    def add(self, totals: tuple[int, int]) -> None:
+        self.passages += totals[0]
+        self.tokens += totals[1]
 
 
 @dataclass
@@ -395,19 +426,26 @@ class IndexRunner:
                 continue  # the flushes check the lease themselves
 
     @asynccontextmanager
-    async def _locked(self, user_hash: str) -> AsyncIterator[Connection]:
-        """One flush transaction: the users row locked (FOR NO KEY UPDATE: forgets and other
-        flushes wait, posts go on), the lease checked to be ours and renewed."""
+    async def _locked(self, user_hash: str) -> AsyncIterator[tuple[Connection, _Moved]]:
+        """One flush transaction: the user's index lock first (forgets, erases and other
+        flushes of the user wait; posts go on, see `index_lock`), the block's writes, then last
+        the users row: the lease checked to be ours and renewed, and what the block `_Moved`
+        (the BM25 totals, a new generation) in one statement just before the commit. A lease
+        found lost there rolls the block's writes back."""
         async with self.db.user(user_hash) as conn:
+            await conn.execute(index_lock(user_hash))
+            moved = _Moved()
+            yield conn, moved
             cur = await conn.execute(
-                "SELECT lease_owner FROM users WHERE user_hash = %s FOR NO KEY UPDATE",
-                (user_hash,),
-            )
-            row = await cur.fetchone()
-            if row is None or row[0] != self.owner:
+                "UPDATE users SET lease_until = now() + make_interval(secs => %s),"
+                " passages = passages + %s, tokens = tokens + %s, generation = CASE WHEN %s"
+                " THEN nextval('chunk_generations') ELSE generation END"
+                " WHERE user_hash = %s AND lease_owner = %s RETURNING 1",
+                (self.lease_seconds, moved.passages, moved.tokens, moved.chunks, user_hash,
+                 self.owner),
+            )  # fmt: skip
+            if await cur.fetchone() is None:
                 raise LeaseLost
-            await self._extend_lease(conn, user_hash)
-            yield conn
 
     async def _extend_lease(self, conn: Connection, user_hash: str) -> bool:
         """The lease renewed for another ``lease_seconds``, if it is still this runner's."""
@@ -435,14 +473,14 @@ class IndexRunner:
             )
             indexed: dict[str, int] = dict(await cur.fetchall())
         if built != self.wanted:  # another model or piece layout (or a repair): start over
-            async with self._locked(user_hash) as conn:
+            async with self._locked(user_hash) as (conn, _):
                 await drop_user_index(conn, user_hash)
                 await conn.execute(
                     "UPDATE users SET built_by = %s WHERE user_hash = %s", (self.wanted, user_hash)
                 )
             indexed = {}
         if gone := sorted(indexed.keys() - versions.keys()):
-            async with self._locked(user_hash) as conn:
+            async with self._locked(user_hash) as (conn, _):
                 for conv in gone:
                     await drop_conversation(conn, user_hash, conv)
         # In the embedded engine's order (its source files, sorted): rows get ids in the same
@@ -509,7 +547,7 @@ class IndexRunner:
         since they were read are left for the next run (their post bumped `changes`)."""
         await self._embed([row for work in pending for row in work.write])
         await run_in(self._pool, self._count, pending)
-        async with self._locked(user_hash) as conn:
+        async with self._locked(user_hash) as (conn, moved):
             cur = await conn.execute(
                 "SELECT conversation_id, version FROM conversations"
                 " WHERE user_hash = %s AND conversation_id = ANY(%s)",
@@ -523,13 +561,10 @@ class IndexRunner:
                     " RETURNING id, recalled, tokens",
                     (user_hash, drop),
                 )
-                await _unindex(conn, user_hash, await cur.fetchall())
-            await _insert(
-                conn,
-                user_hash,
-                [row for work in kept for row in work.write],
-                [terms for work in kept for terms in work.counted],
-            )
+                moved.add(await _unindex(conn, user_hash, await cur.fetchall()))
+            write = [row for work in kept for row in work.write]
+            moved.add(await _insert(conn, user_hash, write, [t for w in kept for t in w.counted]))
+            moved.chunks = bool(drop or write)
             if kept:
                 await conn.execute(
                     "INSERT INTO indexed (user_hash, conversation_id, version)"

@@ -5,13 +5,17 @@ for the tombstones, recall.conversations.stored_holds for a stale re-post), each
 hold across replicas. Every query filters by the user hash, in a transaction that set it for the
 row-level security policies (recall/pg/database.py). The locks, always taken in this order:
 
-- the user's row: a post takes FOR KEY SHARE (posts of a user run side by side), a forget (and an
-  index flush) FOR NO KEY UPDATE (one at a time per user; posts still run), an erase FOR UPDATE
-  (it waits for the posts in flight, and later posts wait for it, then meet its tombstones);
+- the user's index lock (recall.pg.index.index_lock), taken by forgets, erases and index
+  flushes, never by posts: the user's index changes one transaction at a time;
+- the user's row: a post takes FOR KEY SHARE (posts of a user run side by side), a forget FOR NO
+  KEY UPDATE (one at a time per user; posts still run), an erase FOR UPDATE (it waits for the
+  posts in flight, and later posts wait for it, then meet its tombstones). An index flush takes
+  it last, by its one UPDATE just before its commit, so posts never wait for a flush's writes;
 - a conversation's advisory lock (its writers, on any replica, one at a time). A post takes it
-  after the row lock; a forget takes it BEFORE its row lock: a post holding the conversation's
-  lock ends by bumping the user's counters (an UPDATE, so FOR NO KEY UPDATE of the row), and a
-  forget holding that row lock while waiting for the conversation's would deadlock with it.
+  after the row lock; a forget takes it BEFORE its index and row locks: a post holding the
+  conversation's lock ends by bumping the user's counters (an UPDATE, so FOR NO KEY UPDATE of
+  the row), and a forget holding that row lock while waiting for the conversation's would
+  deadlock with it.
 
 Tombstones are keyed digests (recall.lifecycle.turn_digest) under a key in `server_keys` that
 every replica shares; each tombstone names its key, so digests imported under the files store's
@@ -48,7 +52,7 @@ from recall.lifecycle import (
     turn_digest,
 )
 from recall.pg.database import Database
-from recall.pg.index import IndexRunner, drop_conversation, drop_user_index
+from recall.pg.index import IndexRunner, drop_conversation, drop_user_index, index_lock
 from recall.pg.schema import check_schema, key_id
 from recall.pg.search import PgSearch
 from recall.settings import ConfigError, Settings
@@ -330,6 +334,7 @@ class PgStore:
         key = await self._tombstone_key()  # before: never a second connection while one is held
         async with self.database.user(user) as conn:
             await conn.execute(conversation_lock(user, conversation_id))  # first: see the top
+            await conn.execute(index_lock(user))
             if (
                 await _one(
                     conn, "SELECT 1 FROM users WHERE user_hash = %s FOR NO KEY UPDATE", (user,)
@@ -405,6 +410,7 @@ class PgStore:
         at = now_utc()
         key = await self._tombstone_key()
         async with self.database.user(user) as conn:
+            await conn.execute(index_lock(user))  # before the row: see the top
             await conn.execute(
                 "INSERT INTO users (user_hash) VALUES (%s) ON CONFLICT DO NOTHING", (user,)
             )
