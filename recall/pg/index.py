@@ -176,13 +176,15 @@ async def _insert(
     as SQLite gives rowids: ties in the ranking break the same way."""
     if not rows:
         return 0, 0
+    # The vectors go in pgvector's binary form (%b): formatted as text, a flush's 256 took tens
+    # of milliseconds of the event loop, and every post waited behind them.
     cur = await conn.execute(
         "INSERT INTO chunks (user_hash, chunk, conversation_id, turn, seq, block, split, ts,"
         " epoch, role, text, ids, digest, recalled, tokens, embedding)"
         " SELECT %s, chunk, conv, turn, seq, block, split, ts, epoch, role, text, ids, digest,"
         " recalled, tokens, embedding FROM unnest(%s::text[], %s::text[], %s::text[],"
         " %s::int[], %s::int[], %s::int[], %s::text[], %s::float8[], %s::text[], %s::text[],"
-        " %s::text[], %s::text[], %s::bool[], %s::int[], %s::vector[]) WITH ORDINALITY"
+        " %s::text[], %s::text[], %s::bool[], %s::int[], %b::vector[]) WITH ORDINALITY"
         " AS r (chunk, conv, turn, seq, block, split, ts, epoch, role, text, ids, digest,"
         " recalled, tokens, embedding, n) ORDER BY n RETURNING conversation_id, chunk, id",
         (
@@ -519,6 +521,7 @@ class IndexRunner:
                 "SELECT conversation_id, chunk, id, seq, ts, role, text, recalled, digest,"
                 " embedding FROM chunks WHERE user_hash = %s AND conversation_id = ANY(%s)",
                 (user_hash, list(found)),
+                binary=True,  # vectors in pgvector's binary form: none parsed from text
             )
             chunks = await cur.fetchall()
         # Parsing bodies and comparing pieces is CPU work: off the event loop, as stemming is.
