@@ -174,6 +174,12 @@ class Database:
             await AsyncConnectionPool.check_connection(conn)
 
 
+def xact_lock(key: str) -> sql.Composed:
+    """The advisory lock named ``key``, held to the transaction's end (on any replica: the
+    lock lives in the database). The key is hashed to PostgreSQL's 64-bit lock space."""
+    return sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended({}, 0))").format(sql.Literal(key))
+
+
 async def _rows(cur: psycopg.AsyncCursor[Any]) -> list[list[Any]]:
     """Each result's rows, of a query of several statements."""
     results = []

@@ -56,7 +56,7 @@ from recall.engines.embedded.store import (
     changed_rows,
     embed_missing,
 )
-from recall.pg.database import Connection, Database
+from recall.pg.database import Connection, Database, xact_lock
 from recall.pg.fts import Counted, count_terms
 from recall.store import StoreUnavailable
 
@@ -83,9 +83,7 @@ def index_lock(user_hash: str) -> sql.Composed:
     and takes the users row only for its last statement, so a post of the user (whose end
     updates that row) waits a moment at most, never for a flush's writes. (':' keeps the key
     apart from the conversations' locks, `<hash>/<conversation id>`.)"""
-    return sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended({} || ':index', 0))").format(
-        sql.Literal(user_hash)
-    )
+    return xact_lock(f"{user_hash}:index")
 
 
 # --- dropping index rows (the caller holds the transaction and the user's index lock) ---------
@@ -438,24 +436,23 @@ class IndexRunner:
             await conn.execute(index_lock(user_hash))
             moved = _Moved()
             yield conn, moved
-            cur = await conn.execute(
-                "UPDATE users SET lease_until = now() + make_interval(secs => %s),"
-                " passages = passages + %s, tokens = tokens + %s, generation = CASE WHEN %s"
-                " THEN nextval('chunk_generations') ELSE generation END"
-                " WHERE user_hash = %s AND lease_owner = %s RETURNING 1",
-                (self.lease_seconds, moved.passages, moved.tokens, moved.chunks, user_hash,
-                 self.owner),
-            )  # fmt: skip
-            if await cur.fetchone() is None:
+            if not await self._extend_lease(conn, user_hash, moved):
                 raise LeaseLost
 
-    async def _extend_lease(self, conn: Connection, user_hash: str) -> bool:
-        """The lease renewed for another ``lease_seconds``, if it is still this runner's."""
+    async def _extend_lease(
+        self, conn: Connection, user_hash: str, moved: _Moved | None = None
+    ) -> bool:
+        """The lease renewed for another ``lease_seconds``, if it is still this runner's, and
+        what a flush ``moved`` moved with it."""
+        moved = moved or _Moved()
         cur = await conn.execute(
-            "UPDATE users SET lease_until = now() + make_interval(secs => %s)"
+            "UPDATE users SET lease_until = now() + make_interval(secs => %s),"
+            " passages = passages + %s, tokens = tokens + %s, generation = CASE WHEN %s"
+            " THEN nextval('chunk_generations') ELSE generation END"
             " WHERE user_hash = %s AND lease_owner = %s RETURNING 1",
-            (self.lease_seconds, user_hash, self.owner),
-        )
+            (self.lease_seconds, moved.passages, moved.tokens, moved.chunks, user_hash,
+             self.owner),
+        )  # fmt: skip
         return await cur.fetchone() is not None
 
     async def _index(self, user_hash: str, check: Callable[[], None]) -> int:

@@ -51,7 +51,7 @@ from recall.lifecycle import (
     readable_lines,
     turn_digest,
 )
-from recall.pg.database import Database
+from recall.pg.database import Database, xact_lock
 from recall.pg.index import IndexRunner, drop_conversation, drop_user_index, index_lock
 from recall.pg.schema import check_schema, key_id
 from recall.pg.search import PgSearch
@@ -65,9 +65,7 @@ KEY_LOCK = 0x7265_6361_6B79  # "recaky": making the shared tombstone key, once, 
 
 def conversation_lock(user_hash: str, conversation_id: str) -> sql.Composed:
     """A conversation's advisory lock (held to the transaction's end)."""
-    return sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended({} || '/' || {}, 0))").format(
-        sql.Literal(user_hash), sql.Literal(conversation_id)
-    )
+    return xact_lock(f"{user_hash}/{conversation_id}")
 
 
 # Statements of the write path, formatted with sql.Literal values (they run in batches).
