@@ -103,6 +103,51 @@ async def _all(conn: psycopg.AsyncConnection[Any], query: str, params: Any = ())
     return await (await conn.execute(query, params)).fetchall()
 
 
+# --- what a forget and an erase remove; `recall-server import` (transfer.py) removes the same for
+# what the files store forgot or erased. The caller holds the user's index lock and row. ----------
+
+
+async def add_tombstones(
+    conn: psycopg.AsyncConnection[Any],
+    user: str,
+    turns: dict[str, list[Turn]],
+    under: tuple[str, bytes],
+) -> None:
+    """Add the digests of these conversations' turns, under key ``under`` (key_id, key), to the
+    user's tombstones."""
+    kid, key = under
+    pairs = [(cid, turn_digest(key, t)) for cid, ts in turns.items() for t in ts]
+    await conn.execute(
+        "INSERT INTO tombstones (user_hash, conversation_id, key_id, digest) "
+        "SELECT %s, c, %s, d FROM unnest(%s::text[], %s::text[]) AS t(c, d) "
+        "ON CONFLICT DO NOTHING",
+        (user, kid, [c for c, _ in pairs], [d for _, d in pairs]),
+    )
+
+
+async def remove_conversation(
+    conn: psycopg.AsyncConnection[Any], user: str, conversation_id: str
+) -> int:
+    """What a forget removes: the conversation's row and its index pieces (chunks, postings,
+    term counts, `indexed`); the chunks removed."""
+    await conn.execute(
+        "DELETE FROM conversations WHERE user_hash = %s AND conversation_id = %s",
+        (user, conversation_id),
+    )
+    return await drop_conversation(conn, user, conversation_id)
+
+
+async def remove_user(conn: psycopg.AsyncConnection[Any], user: str) -> int:
+    """What an erase removes: every conversation, the whole index (its BM25 totals reset) and the
+    audit, counted as an erasure (a recall that overlapped it appends no audit line). Tombstones
+    and receipts stay. The chunks removed."""
+    await conn.execute("DELETE FROM conversations WHERE user_hash = %s", (user,))
+    index_rows = await drop_user_index(conn, user)
+    await conn.execute("DELETE FROM audit WHERE user_hash = %s", (user,))
+    await conn.execute("UPDATE users SET erasures = erasures + 1 WHERE user_hash = %s", (user,))
+    return index_rows
+
+
 class PgStore:
     """recall.store.Store over PostgreSQL. ``runner`` and ``search`` (recall/pg/index.py and
     search.py) are the index half; without them the truth half works alone."""
@@ -212,24 +257,6 @@ class PgStore:
             self._keys.update((k, bytes(v)) for k, v in rows)
         # A key that is not there (lost) makes digests nothing can match: they are left aside.
         return {k: self._keys[k] for k in key_ids if k in self._keys}
-
-    async def _tombstone(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        user: str,
-        turns: dict[str, list[Turn]],
-        under: tuple[str, bytes],
-    ) -> None:
-        """Add the digests of these conversations' turns, under key ``under``, to the user's
-        tombstones."""
-        kid, key = under
-        pairs = [(cid, turn_digest(key, t)) for cid, ts in turns.items() for t in ts]
-        await conn.execute(
-            "INSERT INTO tombstones (user_hash, conversation_id, key_id, digest) "
-            "SELECT %s, c, %s, d FROM unnest(%s::text[], %s::text[]) AS t(c, d) "
-            "ON CONFLICT DO NOTHING",
-            (user, kid, [c for c, _ in pairs], [d for _, d in pairs]),
-        )
 
     async def _forgetting(
         self, conn: psycopg.AsyncConnection[Any], tombstones: list[Any], before: Any
@@ -355,12 +382,8 @@ class PgStore:
                 turns = readable_lines(row[0].encode("utf-8"))
                 if only_if is not None and not only_if(turns):
                     raise NotDue  # rolled back: nothing removed, no receipt
-            await self._tombstone(conn, user, {conversation_id: turns}, key)
-            await conn.execute(
-                "DELETE FROM conversations WHERE user_hash = %s AND conversation_id = %s",
-                (user, conversation_id),
-            )
-            rows = await drop_conversation(conn, user, conversation_id)
+            await add_tombstones(conn, user, {conversation_id: turns}, key)
+            rows = await remove_conversation(conn, user, conversation_id)
             await self._changed(conn, user, forgets=1)
             receipt = _receipt(
                 user,
@@ -420,13 +443,8 @@ class PgStore:
                 (user,),
             )
             erased = {cid: readable_lines(body.encode("utf-8")) for cid, body in rows}
-            await self._tombstone(conn, user, erased, key)
-            await conn.execute("DELETE FROM conversations WHERE user_hash = %s", (user,))
-            index_rows = await drop_user_index(conn, user)  # its BM25 totals reset too
-            await conn.execute("DELETE FROM audit WHERE user_hash = %s", (user,))
-            await conn.execute(
-                "UPDATE users SET erasures = erasures + 1 WHERE user_hash = %s", (user,)
-            )
+            await add_tombstones(conn, user, erased, key)
+            index_rows = await remove_user(conn, user)
             await self._changed(conn, user, forgets=1)
             removed = {"conversations": len(erased), "turns": sum(map(len, erased.values()))}
             receipt = _receipt(user, "erase", at, removed={**removed, "index_rows": index_rows})
