@@ -484,12 +484,12 @@ async def test_the_audit_names_the_conversation_each_looked_up_passage_came_from
     await page.get_by_role("link", name="What the assistant looked up").click()
     latest = page.locator("#audit-list > li").first
     await latest.wait_for()
-    # then its entry names the conversation of each passage it was given (linked there), then
-    # who said it and when; no agent syntax
+    # then its entry says of each passage it was given who said it, when, and in which
+    # conversation (linked there); no agent syntax
     text = await latest.inner_text()
     seen = {
         "conversation links": await latest.get_by_role("link", name=TABLES_TITLE).count() > 0,
-        "the table's turn": f"{TABLES_TITLE} · Assistant, 2026-10-13 10:01 UTC" in text,
+        "the table's turn": f"Assistant, 2026-10-13 10:01 UTC in {TABLES_TITLE}" in text,
         "agent syntax": AGENT_SYNTAX.findall(text),
     }
     assert seen == {"conversation links": True, "the table's turn": True, "agent syntax": []}

@@ -29,6 +29,7 @@
   // What a title or a first line shows: under the server's cut (FIRST_LINE_CHARS, 160), so every
   // line the server cut ends in an ellipsis here.
   const SHORT_LINE = 120;
+  const SHORT_NAME = 64; // a conversation's name where it names a passage's conversation
 
   const $ = (id) => document.getElementById(id);
   let current = null; // the conversation on screen: {id, title}
@@ -329,7 +330,7 @@
 
   // A conversation named by its first line, linked at one of its turns.
   function conversationName(link) {
-    return el("a", { href: conversationLink(link.ref, link.turn), class: "conversation-name" }, shorten(link.title || "(a conversation with no text)"));
+    return el("a", { href: conversationLink(link.ref, link.turn), class: "conversation-name" }, shorten(link.title || "(a conversation with no text)", SHORT_NAME));
   }
 
   // A turn beside a hit, folded: who and when, and its first line; open, the turn whole.
@@ -389,7 +390,7 @@
     const who = hit.speaker || SPEAKERS[hit.role] || "";
     const said = [who, when(hit.ts)].filter(Boolean).join(", ");
     if (!hit.turns.length) return el("li", { class: "gone" }, `${said} (no longer stored)`);
-    return el("li", {}, conversationName(hit.turns[0]), ` · ${said}`);
+    return el("li", {}, el("span", { class: "said" }, said), " in ", conversationName(hit.turns[0]));
   }
 
   function auditEntry(entry) {
