@@ -477,19 +477,32 @@ async def test_a_search_shows_a_markdown_table_as_a_table_and_an_aligned_one_in_
 async def test_the_audit_names_the_conversation_each_looked_up_passage_came_from(
     demo: Server, page: Page
 ) -> None:
-    # given alice's agent looked the quokka feeders up
+    # given alice's agent looked the quokka feeders up, then read the first turns of that chat
     assert "quokka" in await demo.recall("alice", "quokka feeders refills")
+    ref = conversation_ref(user_dir_name("alice"), TABLES_CHAT["conversation_id"])
+    assert "quokka" in await demo.read("alice", ref=ref, from_turn=1, to_turn=2)
     # when she opens what the assistant looked up
     await sign_in(page, demo, "alice")
     await page.get_by_role("link", name="What the assistant looked up").click()
-    latest = page.locator("#audit-list > li").first
-    await latest.wait_for()
-    # then its entry says of each passage it was given who said it, when, and in which
-    # conversation (linked there); no agent syntax
-    text = await latest.inner_text()
+    read, searched = (
+        page.locator("#audit-list > li").nth(0),
+        page.locator("#audit-list > li").nth(1),
+    )
+    await searched.wait_for()
+    # then the search's entry says of each passage it was given who said it, when, and in which
+    # conversation (linked there); the read's names the conversation read; no agent syntax
+    searched_text, read_text = await searched.inner_text(), await read.inner_text()
     seen = {
-        "conversation links": await latest.get_by_role("link", name=TABLES_TITLE).count() > 0,
-        "the table's turn": f"Assistant, 2026-10-13 10:01 UTC in {TABLES_TITLE}" in text,
-        "agent syntax": AGENT_SYNTAX.findall(text),
+        "conversation links": await searched.get_by_role("link", name=TABLES_TITLE).count() > 0,
+        "the table's turn": f"Assistant, 2026-10-13 10:01 UTC in {TABLES_TITLE}" in searched_text,
+        "the read": f"Read turns 1 to 2 of {TABLES_TITLE}" in read_text,
+        "the read's ref shown": ref in read_text,
+        "agent syntax": AGENT_SYNTAX.findall(searched_text + read_text),
     }
-    assert seen == {"conversation links": True, "the table's turn": True, "agent syntax": []}
+    assert seen == {
+        "conversation links": True,
+        "the table's turn": True,
+        "the read": True,
+        "the read's ref shown": False,
+        "agent syntax": [],
+    }
