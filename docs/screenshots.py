@@ -4,9 +4,9 @@
 
 Starts a server with the seeded demo (recall/demo.py), lets alice's agent search twice (so the
 audit has something to show), and photographs the page in Debian's Chromium at a phone's width:
-sign-in, the conversation list, one conversation (at its first table), search results and the
-audit. Needs /usr/bin/chromium (apt-get install chromium) and the test extra (playwright); not
-run by tests.
+sign-in, the conversation list, one conversation (at its first table), search results (at the
+first hit) and the audit. Needs /usr/bin/chromium (apt-get install chromium) and the test extra
+(playwright); not run by tests.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def main() -> int:
                 page.get_by_label("Search your conversations").fill("N-11 upgrade decision")
                 page.get_by_role("button", name="Search", exact=True).click()
                 page.locator("#search-results li").first.wait_for()
+                # its first hit at the top: who said it, when, in which conversation, around it
+                page.locator("#search-status").evaluate("status => status.scrollIntoView()")
                 shoot(page, "search")
                 page.get_by_role("link", name="What the assistant looked up").click()
                 page.locator("#audit-list li").first.wait_for()

@@ -13,11 +13,14 @@ What (docs/CONTRACTS.md, "The memory page"):
     GET  /api/me/conversations           newest first: id, ref, date, first line, number of turns
     POST /api/me/conversation {"ref"} (or {"conversation_id"})  every turn: seq, ts, role, text,
                                          recalled
-    POST /api/me/search {"query"}        the tool's answer, word for word, split into passages
+    POST /api/me/search {"query"}        the tool's answer, word for word; its passages as a person
+                                         reads them (who, when, which conversation, the turn
+                                         whole, the turns beside it); its lines beside them
     POST /api/me/forget {"conversation_id"}  Lifecycle.forget's receipt
     POST /api/me/erase {"confirm": "erase"}  Lifecycle.erase's receipt
     GET  /api/me/audit?limit=&before=    a page of the recall audit, newest first, passages
-                                         linked, and the cursor of the next page
+                                         linked to their turn and named by their conversation,
+                                         and the cursor of the next page
 
 The search is the tool's own (the same function, bound, timeout and fail-soft answers) but is
 not audited: the audit says what the *assistant* looked up. The page is three static files
@@ -42,7 +45,7 @@ from starlette.responses import JSONResponse, Response
 from recall import audit
 from recall.auth import user_from_token
 from recall.conversations import CONVERSATION_ID, conversation_ref, is_recalled
-from recall.engines.base import EngineError, Recalled
+from recall.engines.base import EngineError, Passage, Recalled
 from recall.lifecycle import NotFound
 from recall.reading import find, turn_text
 from recall.store import Store, StoreUnavailable
@@ -59,6 +62,8 @@ FIRST_LINE_CHARS = 160  # what the list shows of a conversation's first turn
 # by its size, whatever the audit and the conversations hold.
 AUDIT_PAGE = 20
 MAX_AUDIT_PAGE = 100
+PAGE_NEIGHBOURS = 1  # turns shown before and after a search's hit: the exchange it sits in
+SPEAKERS = {"user": "You", "assistant": "Assistant"}  # who said a turn, to its person
 
 # The page: this server's own script and style only; no inline code, no plugins, no framing, no
 # other origin; and (Chromium) no string may ever be assigned to innerHTML and the like.
@@ -121,17 +126,21 @@ def page_turns(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def first_line(turns: list[dict[str, Any]]) -> str:
+    """What names a conversation to its person: its first turn's first line (it has no title)."""
+    text = next((t["text"] for t in turns if t["text"].strip()), "").strip()
+    return text.splitlines()[0][:FIRST_LINE_CHARS] if text else ""
+
+
 def summary(user: str, conversation_id: str, turns: list[dict[str, Any]]) -> dict[str, Any]:
     """A conversation in the list: its id and reference (by which the page opens it, as the
     agent's read tool does), dates, first line and number of turns."""
-    first_text = next((t["text"] for t in turns if t["text"].strip()), "")
-    first_line = first_text.strip().splitlines()[0] if first_text.strip() else ""
     return {
         "conversation_id": conversation_id,
         "ref": conversation_ref(user, conversation_id),
         "date": turns[0]["ts"],
         "last": turns[-1]["ts"],
-        "first_line": first_line[:FIRST_LINE_CHARS],
+        "first_line": first_line(turns),
         "turns": len(turns),
     }
 
@@ -147,26 +156,58 @@ async def list_conversations(store: Store, user: str) -> list[dict[str, Any]]:
     return found
 
 
-async def turn_places(
-    store: Store, user: str, wanted: Iterable[tuple[str, str]]
-) -> dict[tuple[str, str], int]:
-    """The seq of each (conversation id, turn id) that is still stored, each conversation read
-    once. A forgotten conversation's turns lead nowhere."""
-    by_conversation: dict[str, set[str]] = {}
-    for conversation_id, turn_id in wanted:
-        by_conversation.setdefault(conversation_id, set()).add(turn_id)
-    places = {}
-    for conversation_id, turn_ids in by_conversation.items():
+def speaker(role: str) -> str:
+    """A role as the person reads it: they are "You"."""
+    return SPEAKERS.get(role, role.capitalize())
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One conversation as a page of passages shows it: its turns as the page shows them, where
+    each turn id sits among them, and its name."""
+
+    conversation_id: str
+    turns: list[dict[str, Any]]
+    index: dict[str, int]  # turn id -> position in turns
+    title: str
+
+    def said(self, at: int) -> dict[str, Any]:
+        """The turn at position ``at``, as a person reads it: its number, who said it, when."""
+        turn = self.turns[at]
+        return {
+            "number": turn["seq"] + 1,
+            "ts": turn["ts"],
+            "role": turn["role"],
+            "speaker": speaker(turn["role"]),
+            "text": turn["text"],
+            "recalled": turn["recalled"],
+        }
+
+
+async def read_conversations(
+    store: Store, user: str, conversation_ids: Iterable[str]
+) -> dict[str, Stored]:
+    """The conversations passages name, each read once; one forgotten (or unreadable right now)
+    is missing, and its passages lead nowhere."""
+    found = {}
+    for conversation_id in dict.fromkeys(conversation_ids):
         if not CONVERSATION_ID.fullmatch(conversation_id):
             continue
         try:
             lines = await store.turns(user, conversation_id) or []
         except (OSError, ValueError):  # unreadable right now: no link
             continue
-        for index, line in enumerate(lines):
-            if isinstance(line, dict) and line.get("turn_uuid") in turn_ids:
-                places[(conversation_id, line["turn_uuid"])] = line.get("seq", index)
-    return places
+        lines = [line for line in lines if isinstance(line, dict)]
+        if not lines:
+            continue
+        turns = page_turns(lines)
+        index = {
+            line["turn_uuid"]: at
+            for at, line in enumerate(lines)
+            if isinstance(line.get("turn_uuid"), str)
+        }
+        found[conversation_id] = Stored(conversation_id, turns, index, first_line(turns))
+    return found
 
 
 def reference(hit: dict[str, Any]) -> tuple[str, str] | None:
@@ -178,19 +219,64 @@ def reference(hit: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def linked(user: str, hit: dict[str, Any], places: dict[tuple[str, str], int]) -> dict[str, Any]:
-    """A served passage with the turn it leads to (none when it is no longer stored, or names
-    none): its conversation and seq, and the reference and turn number the passage header shows
-    the agent, by which the page opens it."""
+def place(hit: dict[str, Any], stored: dict[str, Stored]) -> tuple[Stored, int] | None:
+    """The stored conversation and position of the turn a served passage names, if still stored."""
     where = reference(hit)
-    seq = places.get(where) if where else None
-    if where is None or seq is None:
+    conversation = stored.get(where[0]) if where else None
+    at = conversation.index.get(where[1]) if conversation and where else None
+    return None if conversation is None or at is None else (conversation, at)
+
+
+def linked(user: str, hit: dict[str, Any], stored: dict[str, Stored]) -> dict[str, Any]:
+    """A served passage with the turn it leads to (none when it is no longer stored, or names
+    none): its conversation, seq and name, the reference and turn number by which the page opens
+    it, and who said it (funes names no role: the stored turn does)."""
+    found = place(hit, stored)
+    if found is None:
         return {**hit, "turns": []}
-    ref = conversation_ref(user, where[0])
+    conversation, at = found
+    turn = conversation.turns[at]
+    link = {
+        "conversation_id": conversation.conversation_id,
+        "seq": turn["seq"],
+        "ref": conversation_ref(user, conversation.conversation_id),
+        "turn": turn["seq"] + 1,
+        "title": conversation.title,
+    }
+    return {**hit, "role": turn["role"], "speaker": speaker(turn["role"]), "turns": [link]}
+
+
+def as_read(user: str, passage: Passage, stored: dict[str, Stored]) -> dict[str, Any] | None:
+    """One passage of a search, as the person reads it: the whole turn it came from (who, when,
+    which turn of which conversation) and the turns around it, from the store, never parsed out
+    of the agent's text. None when the turn is no longer stored (forgotten since)."""
+    hit = linked(user, audit.served(passage), stored)
+    found = place(hit, stored)
+    if found is None:
+        return None
+    conversation, at = found
+    before = range(max(at - PAGE_NEIGHBOURS, 0), at)
+    after = range(at + 1, min(at + 1 + PAGE_NEIGHBOURS, len(conversation.turns)))
     return {
         **hit,
-        "turns": [{"conversation_id": where[0], "seq": seq, "ref": ref, "turn": seq + 1}],
+        **conversation.said(at),
+        "title": conversation.title,
+        "before": [conversation.said(n) for n in before],
+        "after": [conversation.said(n) for n in after],
     }
+
+
+def notes(recalled: Recalled) -> list[str]:
+    """The answer's lines outside its passages (the passages' spans, as the engine told them):
+    what it says beside them (an identifier no conversation mentions, more passages match), or
+    the whole answer when it has none."""
+    outside, at = [], 0
+    for passage in recalled.passages:
+        outside.append(recalled.text[at : passage.start])
+        at = passage.end
+    outside.append(recalled.text[at:])
+    lines = (line.strip() for part in outside for line in part.splitlines())
+    return [line for line in lines if line and line != "---"]
 
 
 # --- the routes --------------------------------------------------------------------------------
@@ -300,20 +386,12 @@ class MemoryApi:
             raise BadRequest("query: must be a string")
         query = self.clean_query(query)  # exactly what the tool searches
         recalled = await self.search(user, query)
-        wanted = [(p.conversation_id, p.turn_id) for p in recalled.passages]
-        places = await turn_places(self.store, user, wanted)
-        found = [
-            linked(
-                user,
-                {
-                    "text": recalled.text[p.start : p.end].rstrip("\n").removesuffix("\n---"),
-                    **audit.served(p),
-                },
-                places,
-            )
-            for p in recalled.passages
-        ]
-        return answer({"query": query, "answer": recalled.text, "passages": found})
+        ids = (p.conversation_id for p in recalled.passages)
+        stored = await read_conversations(self.store, user, ids)
+        found = [hit for p in recalled.passages if (hit := as_read(user, p, stored))]
+        return answer(
+            {"query": query, "answer": recalled.text, "notes": notes(recalled), "passages": found}
+        )
 
     async def forget(self, request: Request, user: str) -> Response:
         body = await json_body(request)
@@ -338,10 +416,10 @@ class MemoryApi:
         before = query_number(request, "before", None)
         entries, more = await self.store.audit_page(user, limit, before)
         served = [hit for entry in entries for hit in entry.get("served", [])]
-        wanted = [where for hit in served if (where := reference(hit))]
-        places = await turn_places(self.store, user, wanted)
+        ids = [where[0] for hit in served if (where := reference(hit))]
+        stored = await read_conversations(self.store, user, ids)
         for entry in entries:
-            entry["served"] = [linked(user, hit, places) for hit in entry.get("served", [])]
+            entry["served"] = [linked(user, hit, stored) for hit in entry.get("served", [])]
         return answer({"entries": entries, "next": more})
 
 

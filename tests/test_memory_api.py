@@ -18,7 +18,7 @@ from conftest import ROOT, Backing, Server, conversation, make_server, wait_for
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 
 from recall.conversations import conversation_ref, user_dir_name
-from recall.engines.base import NEVER_MENTIONED, NO_MEMORY
+from recall.engines.base import NEAR_MISSES, NEVER_MENTIONED, NO_MEMORY
 
 STATIC = ROOT / "recall" / "static"
 ALICE_SYNC = conversation(
@@ -144,10 +144,19 @@ def test_each_user_reaches_only_their_own_conversation_under_an_id_both_use(
 
 
 def leads_to(user: str, conversation_id: str, seq: int) -> dict[str, Any]:
-    """Where a passage's link leads: its conversation and seq, and the reference and turn number
-    its header shows the agent, by which the page opens it."""
+    """Where a passage's link leads: its conversation and seq, the reference and turn number
+    its header shows the agent, by which the page opens it, and the conversation's name (its
+    first line) the page shows the person."""
     ref = conversation_ref(user_dir_name(user), conversation_id)
-    return {"conversation_id": conversation_id, "seq": seq, "ref": ref, "turn": seq + 1}
+    body = next(
+        b
+        for b in (ALICE_SYNC, *SAME_MINUTE, FORGED_HEADER)
+        if (b["user"], b["conversation_id"]) == (user, conversation_id)
+    )
+    title = body["turns"][0]["text"].splitlines()[0]
+    return {"conversation_id": conversation_id, "seq": seq, "ref": ref, "turn": seq + 1} | {
+        "title": title
+    }
 
 
 async def test_the_page_opens_a_passage_by_the_ref_and_turn_its_header_shows_the_agent(
@@ -158,9 +167,8 @@ async def test_the_page_opens_a_passage_by_the_ref_and_turn_its_header_shows_the
     found = as_user(server, "alice", "POST", "/api/me/search", {"query": "MT-4471 owner"})
     passage = found["passages"][0]
     [where] = passage["turns"]
-    # then its link names the reference and turn its header shows, the agent's read tool's
-    assert f"ref {where['ref']} turn {where['turn']}" in passage["text"].splitlines()[0]
-    assert passage["text"] in answer
+    # then its link names the reference and turn the agent's header shows, the read tool's
+    assert f"ref {where['ref']} turn {where['turn']} " in f"{answer.splitlines()[0]} "
     # and the page opens the conversation by that reference, as by its id
     by_ref = as_user(server, "alice", "POST", "/api/me/conversation", {"ref": where["ref"]})
     by_id = {"conversation_id": where["conversation_id"]}
@@ -218,25 +226,57 @@ async def test_search_answers_exactly_what_the_agents_tool_answers_with_links(
     # when alice searches on the page and her agent through the tool
     found = as_user(server, "alice", "POST", "/api/me/search", {"query": query})
     tool_answer = await server.recall("alice", query)
-    # then the answer is the tool's, word for word, cut into passages that lead to their turns
+    # then the answer is the tool's, word for word, and its passages, one per passage of the
+    # answer, lead to their turns
     assert found["query"] == "MT-4471 owner"
     assert found["answer"] == tool_answer
     assert found["passages"], found
     assert len(found["passages"]) == tool_answer.count("\n---")
-    for passage in found["passages"]:
-        assert passage["text"] in tool_answer
-        assert re.match(
-            r"\[\d{4}-\d\d-\d\d \d\d:\d\d UTC\] (user|assistant) · ref ", passage["text"]
-        )
     linked = [turn for passage in found["passages"] for turn in passage["turns"]]
     sync = "weekly-sync"
     assert any(turn in linked for turn in (leads_to("alice", sync, 0), leads_to("alice", sync, 1)))
 
 
+async def test_a_search_passage_comes_as_a_person_reads_it_not_in_the_agents_format(
+    server: Server,
+) -> None:
+    # given alice's weekly sync, where her question is answered in the turn after it
+    # when she searches for the answer on the page
+    found = as_user(server, "alice", "POST", "/api/me/search", {"query": "Dana platform owner"})
+    # then the answer's turn comes whole: in which conversation (named by its first line), which
+    # turn, who said it ("You" are the person), when, and the turns around it, as items alike;
+    # not the agent's text with its header and its neighbours' lines
+    hit = next(p for p in found["passages"] if p["conversation_id"] == "weekly-sync")
+    question, reply = ALICE_SYNC["turns"]
+    assert {key: hit.get(key) for key in ("title", "number", "speaker", "ts", "text")} == {
+        "title": question["text"],
+        "number": 2,
+        "speaker": "Assistant",
+        "ts": reply["ts"],
+        "text": reply["text"],
+    }
+    assert hit["before"] == [
+        {
+            "number": 1,
+            "ts": question["ts"],
+            "role": "user",
+            "speaker": "You",
+            "text": question["text"],
+            "recalled": False,
+        }
+    ]
+    assert hit["after"] == []
+    assert not re.search(r"ref [0-9a-f]+ turn|~ (before|after)", json.dumps(found["passages"]))
+    # and what the answer says beside its passages comes apart from them, as lines
+    bob = as_user(server, "bob", "POST", "/api/me/search", {"query": "MT-4471 bearing"})
+    assert bob["notes"] == [NEVER_MENTIONED.format("MT-4471"), NEAR_MISSES.format("MT-4471")]
+    assert bob["passages"] and "MT-4471" not in json.dumps(bob["passages"])
+
+
 def test_a_search_with_no_memory_gives_the_tools_fail_soft_answer(server: Server) -> None:
     # (erin has never posted, while the others on this server have memories)
     found = as_user(server, "erin", "POST", "/api/me/search", {"query": "anything"})
-    assert found == {"query": "anything", "answer": NO_MEMORY, "passages": []}
+    assert found == {"query": "anything", "answer": NO_MEMORY, "notes": [NO_MEMORY], "passages": []}
     assert as_user(server, "erin", "GET", "/api/me/conversations") == {"conversations": []}
 
 
@@ -251,13 +291,16 @@ async def test_with_funes_the_passages_and_the_audit_lead_to_their_turns_by_exac
     found = as_user(funes_server, "alice", "POST", "/api/me/search", {"query": "MT-4471"})
     await funes_server.recall("alice", "MT-4471")
     entries = as_user(funes_server, "alice", "GET", "/api/me/audit")["entries"]
-    # then each passage, and each passage the agent was served, leads to the turn of that time
-    assert found["passages"] and all(
-        p["text"].startswith("[2026-10-08T09:0") for p in found["passages"]
-    )
-    expected = {"2026-10-08T09:00:00Z": 0, "2026-10-08T09:01:00Z": 1}
+    # then each passage, and each passage the agent was served, leads to the turn of that time,
+    # and says who said it (funes names no role: the stored turn does)
+    assert found["passages"]
+    expected = {"2026-10-08T09:00:00Z": (0, "You"), "2026-10-08T09:01:00Z": (1, "Assistant")}
     for place in [*found["passages"], *entries[0]["served"]]:
-        assert place["turns"] == [leads_to("alice", "weekly-sync", expected[place["ts"]])]
+        seq, speaker = expected[place["ts"]]
+        assert place["turns"] == [leads_to("alice", "weekly-sync", seq)]
+        assert place["speaker"] == speaker
+    for passage in found["passages"]:
+        assert passage["text"] == ALICE_SYNC["turns"][passage["number"] - 1]["text"]
 
 
 # --- forget and erase reach the agent's tool --------------------------------------------------

@@ -8,6 +8,7 @@ and the search's status readable."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.skipif(
 )
 playwright_api = pytest.importorskip("playwright.async_api", reason="the test extra's playwright")
 Page = playwright_api.Page
+Locator = playwright_api.Locator
 
 UNIT_RATIOS = "alice-2026-10-12-unit-ratios"
 CAPACITY_CHECK = "alice-2026-10-08-capacity-check"
@@ -43,6 +45,29 @@ MARKUP_CHAT = {
         ),
     ],
 }
+# A conversation whose answer holds a Markdown table and whose next turn a plain-text one, aligned
+# with spaces as a program prints it.
+TABLES_TITLE = "Compare the quokka feeders for the East pen, please."
+ALIGNED = "feeder  date        refills\nEast    2026-10-12  3\nWest    2026-10-12  5"
+TABLES_CHAT = {
+    "user": "alice",
+    "conversation_id": "alice-quokka-tables",
+    "turns": [
+        turn("user", TABLES_TITLE, "2026-10-13T10:00:00Z"),
+        turn(
+            "assistant",
+            "The quokka feeders side by side:\n\n| feeder | refills per day |\n|---|---|\n"
+            "| East | 3 |\n| West | 5 |",
+            "2026-10-13T10:01:00Z",
+        ),
+        turn(
+            "user",
+            f"Thanks. The quokka feeder log, as printed:\n\n{ALIGNED}",
+            "2026-10-13T10:02:00Z",
+        ),
+        turn("assistant", "Noted: the West feeder is refilled more often.", "2026-10-13T10:03:00Z"),
+    ],
+}
 PHONE = {"width": 390, "height": 760}
 DESKTOP = {"width": 1000, "height": 800}
 # How many lines an element's text takes on screen: the line boxes its text's rectangles sit in.
@@ -58,6 +83,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = seeded_demo(tmp_path_factory.mktemp("memory-page"))
     try:
         assert server.post(MARKUP_CHAT)[0] == 202
+        assert server.post(TABLES_CHAT)[0] == 202
         server.wait_indexed("alice")
         yield server
     finally:
@@ -113,7 +139,7 @@ async def test_alice_finds_the_decision_reads_the_chat_and_forgets_the_unit_rati
     await sign_in(page, demo, "alice")
     assert await page.get_by_text("Signed in as alice").is_visible()
     titles = await conversation_titles(page)
-    assert len(titles) == 7 and titles[0].startswith("Paste test")  # newest first
+    assert len(titles) == 8 and titles[0].startswith("Paste test")  # newest first
     # the token is in this tab's sessionStorage only: no URL, cookie or localStorage holds it
     token = demo.tokens["alice"]
     assert await page.evaluate("sessionStorage.getItem('recall.token')") == token
@@ -130,10 +156,13 @@ async def test_alice_finds_the_decision_reads_the_chat_and_forgets_the_unit_rati
     marked = {text.lower() for text in await results.locator("mark").all_inner_texts()}
     assert {"n-11", "decision"} <= marked
     capacity = conversation_ref(user_dir_name("alice"), CAPACITY_CHECK)
-    assert f"[2026-10-08 09:20 UTC] user · ref {capacity} turn 5" in await results.inner_text()
+    decision = results.locator("li.passage", has_text="Decision: we go ahead").first
+    said = await decision.locator(".passage-head").inner_text()
+    assert said == "You · 2026-10-08 09:20 UTC · turn 5"
 
-    # she opens the capacity check from its passage and reads it whole, dated, by speaker
-    await results.get_by_role("link", name="Open the conversation").first.click()
+    # she opens the capacity check from its passage (named by its first line) and reads it
+    # whole, dated, by speaker
+    await decision.get_by_role("link", name="Capacity check for the N-11").click()
     turns = page.locator("#turn-list > li")
     await turns.first.wait_for()
     assert await turns.count() == 12
@@ -167,7 +196,7 @@ async def test_alice_finds_the_decision_reads_the_chat_and_forgets_the_unit_rati
     assert "Forgotten: “Some unit arithmetic" in text and UNIT_RATIOS in text
     assert "Turns removed\n10" in text
     titles = await conversation_titles(page)
-    assert len(titles) == 6 and not any(t.startswith("Some unit arithmetic") for t in titles)
+    assert len(titles) == 7 and not any(t.startswith("Some unit arithmetic") for t in titles)
 
     # then her agent's tool no longer returns it, and the page says it is gone
     answer = await demo.recall("alice", "truck pallets")
@@ -358,3 +387,122 @@ async def test_the_search_says_nothing_found_once_just_above_its_results(
     assert below and said and first
     assert below["y"] + below["height"] <= said["y"]
     assert 0 <= first["y"] - (said["y"] + said["height"]) <= 24
+
+
+# What the agent's answer says that a person should never have to read: a passage header's
+# reference and turn, and a neighbour's line.
+AGENT_SYNTAX = re.compile(r"ref [0-9a-f]{6,} turn \d+|~ (?:before|after) \(\w+\)")
+
+
+async def first_text(found: Locator) -> str | None:
+    """The first match's text; None when nothing matches (as on a page without that part)."""
+    return await found.first.inner_text() if await found.count() else None
+
+
+async def search_for(page: Page, query: str) -> Locator:
+    await page.get_by_role("link", name="Search", exact=True).click()
+    await page.get_by_label("Search your conversations").fill(query)
+    await page.get_by_role("button", name="Search", exact=True).click()
+    await page.locator("#search-status").get_by_text("found").wait_for()
+    return page.locator("#search-results")
+
+
+async def test_a_search_hit_says_who_said_it_when_and_in_which_conversation(
+    demo: Server, page: Page
+) -> None:
+    # given alice's conversation about the quokka feeders
+    await sign_in(page, demo, "alice")
+    # when she searches for it
+    results = await search_for(page, "quokka feeders refills")
+    # then the hit holding the Markdown table says who said it and when, as a person reads it,
+    # names its conversation by its first line, and links there; so do the turns around the hits
+    # (her questions, here); no agent syntax anywhere
+    card = results.locator("li.passage", has_text="The quokka feeders side by side")
+    said = results.locator("li.passage .passage-head strong, li.passage summary strong")
+    seen = {
+        "speakers": sorted(set(await said.all_inner_texts())),
+        "date": await first_text(card.locator("time")),
+        "conversation": await card.get_by_role("link", name=TABLES_TITLE).count(),
+        "agent syntax": AGENT_SYNTAX.findall(await results.inner_text()),
+    }
+    assert seen == {
+        "speakers": ["Assistant", "You"],
+        "date": "2026-10-13 10:01 UTC",
+        "conversation": 1,
+        "agent syntax": [],
+    }
+    # and its link opens that conversation at that turn
+    await card.get_by_role("link", name=TABLES_TITLE).click()
+    await page.locator("#turn-list > li.target").wait_for()
+    assert await page.locator("#conversation-title").inner_text() == TABLES_TITLE
+    assert await page.locator("#turn-list > li.target").get_attribute("id") == "turn-2"
+
+
+async def test_a_search_shows_a_markdown_table_as_a_table_and_an_aligned_one_in_monospace(
+    demo: Server, page: Page
+) -> None:
+    # given the quokka conversation, with a Markdown table and, a turn later, one aligned by spaces
+    await sign_in(page, demo, "alice")
+    # when alice searches for it and opens what is folded around the hits
+    results = await search_for(page, "quokka feeders refills")
+    folded = results.locator("details:not([open]) > summary")
+    while await folded.count():
+        await folded.first.click()
+    # then the Markdown table is a table with its cells, in the hit or beside it
+    tables = results.locator("table", has_text="refills per day")
+    cells = "rows => rows.map(row => [...row.cells].map(cell => cell.innerText))"
+    rows = await tables.first.locator("tr").evaluate_all(cells) if await tables.count() else []
+    # and the aligned one keeps its columns: the lines as written, in a monospace font
+    aligned = results.locator("pre", has_text="feeder  date        refills")
+    font = "e => getComputedStyle(e).fontFamily"
+    seen = {
+        "table rows": rows,
+        "aligned text": await first_text(aligned),
+        "monospace": await aligned.count() > 0
+        and "monospace" in await aligned.first.evaluate(font),
+        "pipes left": "|---|" in await results.inner_text(),
+    }
+    assert seen == {
+        "table rows": [["feeder", "refills per day"], ["East", "3"], ["West", "5"]],
+        "aligned text": ALIGNED,
+        "monospace": True,
+        "pipes left": False,
+    }
+    # the aligned block scrolls sideways in its card: the page is no wider than the phone
+    assert await page.evaluate(
+        "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+    )
+
+
+async def test_the_audit_names_the_conversation_each_looked_up_passage_came_from(
+    demo: Server, page: Page
+) -> None:
+    # given alice's agent looked the quokka feeders up, then read the first turns of that chat
+    assert "quokka" in await demo.recall("alice", "quokka feeders refills")
+    ref = conversation_ref(user_dir_name("alice"), TABLES_CHAT["conversation_id"])
+    assert "quokka" in await demo.read("alice", ref=ref, from_turn=1, to_turn=2)
+    # when she opens what the assistant looked up
+    await sign_in(page, demo, "alice")
+    await page.get_by_role("link", name="What the assistant looked up").click()
+    read, searched = (
+        page.locator("#audit-list > li").nth(0),
+        page.locator("#audit-list > li").nth(1),
+    )
+    await searched.wait_for()
+    # then the search's entry says of each passage it was given who said it, when, and in which
+    # conversation (linked there); the read's names the conversation read; no agent syntax
+    searched_text, read_text = await searched.inner_text(), await read.inner_text()
+    seen = {
+        "conversation links": await searched.get_by_role("link", name=TABLES_TITLE).count() > 0,
+        "the table's turn": f"Assistant, 2026-10-13 10:01 UTC in {TABLES_TITLE}" in searched_text,
+        "the read": f"Read turns 1 to 2 of {TABLES_TITLE}" in read_text,
+        "the read's ref shown": ref in read_text,
+        "agent syntax": AGENT_SYNTAX.findall(searched_text + read_text),
+    }
+    assert seen == {
+        "conversation links": True,
+        "the table's turn": True,
+        "the read": True,
+        "the read's ref shown": False,
+        "agent syntax": [],
+    }

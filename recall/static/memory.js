@@ -29,6 +29,7 @@
   // What a title or a first line shows: under the server's cut (FIRST_LINE_CHARS, 160), so every
   // line the server cut ends in an ellipsis here.
   const SHORT_LINE = 120;
+  const SHORT_NAME = 64; // a conversation's name where it names a passage's conversation
 
   const $ = (id) => document.getElementById(id);
   let current = null; // the conversation on screen: {id, title}
@@ -72,8 +73,8 @@
     return `${(wholeWord ? head : head.slice(0, lastSpace)).replace(/[\s,;:.]+$/u, "")}…`;
   }
 
-  // A conversation by its reference and a turn by its number, as the agent's passage headers
-  // name them ("ref <ref> turn <n>"), never by the gateway's conversation id.
+  // A conversation by its reference and a turn by its number (as the agent's read tool names
+  // them), never by the gateway's conversation id.
   function conversationLink(ref, turn) {
     const target = turn === undefined ? "" : `/${encodeURIComponent(turn)}`;
     return `#conversation/${encodeURIComponent(ref)}${target}`;
@@ -249,6 +250,15 @@
   const ITEM = /^(\s*)([-*+]|(\d{1,9})[.)])\s+(.*)$/;
   const TABLE_RULE = /^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$/;
 
+  // A line of a plain-text table aligned with spaces, as programs print them: a gap of three or
+  // more spaces (or a tab) between words, or two gaps of two; or a line of box-drawing or rule
+  // characters.
+  const ALIGNED_ROW = /\S(?: {3,}|\t)\S|\S {2}\S.*\S {2}\S|[│┃┼╋─━]|^\s*[-=+|:]{3,}[-=+|: ]*$/;
+
+  function alignedStart(lines, i) {
+    return ALIGNED_ROW.test(lines[i]) && i + 1 < lines.length && ALIGNED_ROW.test(lines[i + 1]);
+  }
+
   function tableStart(lines, i) {
     return lines[i].includes("|") && i + 1 < lines.length && lines[i + 1].includes("|") && TABLE_RULE.test(lines[i + 1]);
   }
@@ -263,8 +273,9 @@
     return rendered(text, marker(terms));
   }
 
-  // A turn's text as elements: fenced code, pipe tables, bulleted and numbered lists, and
-  // paragraphs (line breaks kept). Anything else is a paragraph, shown as written.
+  // A turn's text as elements: fenced code, pipe tables, plain-text tables aligned with spaces
+  // (monospace, as written), bulleted and numbered lists, and paragraphs (line breaks kept).
+  // Anything else is a paragraph, shown as written.
   function rendered(text, mark) {
     const box = el("div", { class: "text" });
     const lines = text.split("\n");
@@ -287,6 +298,10 @@
         const row = (tag, values) => el("tr", {}, ...values.map((value) => el(tag, tag === "th" ? { scope: "col" } : {}, ...inline(value, mark))));
         const table = el("table", {}, el("thead", {}, row("th", head)), el("tbody", {}, ...rows.map((values) => row("td", values))));
         box.append(el("div", { class: "table" }, table)); // scrolls sideways, not the page
+      } else if (alignedStart(lines, i)) {
+        const rows = [];
+        for (; i < lines.length && lines[i].trim() && ALIGNED_ROW.test(lines[i]); i += 1) rows.push(lines[i]);
+        box.append(el("pre", { class: "aligned" }, ...mark(rows.join("\n")))); // columns kept; scrolls sideways
       } else if (ITEM.test(lines[i])) {
         const ordered = ITEM.exec(lines[i])[3] !== undefined;
         const list = el(ordered ? "ol" : "ul", {});
@@ -298,7 +313,7 @@
         box.append(list);
       } else {
         const paragraph = [];
-        for (; i < lines.length && lines[i].trim() && !FENCE.test(lines[i]) && !ITEM.test(lines[i]) && !tableStart(lines, i); i += 1) {
+        for (; i < lines.length && lines[i].trim() && !FENCE.test(lines[i]) && !ITEM.test(lines[i]) && !tableStart(lines, i) && !alignedStart(lines, i); i += 1) {
           paragraph.push(lines[i]);
         }
         box.append(el("p", {}, ...inline(paragraph.join("\n"), mark)));
@@ -307,29 +322,32 @@
     return box;
   }
 
-  function passageLinks(turns, label) {
-    if (!turns.length) return el("span", { class: "gone" }, `${label} (no longer stored)`);
-    const links = el("span", { class: "links" });
-    turns.forEach((turn, index) => {
-      if (index) links.append(", ");
-      links.append(el("a", { href: conversationLink(turn.ref, turn.turn) }, label));
-    });
-    return links;
+  // "You · 2026-10-08 09:20 UTC · turn 5": who said a turn, when, and which turn it is.
+  function saidBy(turn) {
+    const label = turn.recalled ? `${turn.speaker} (answered from recall)` : turn.speaker;
+    return [el("strong", {}, label), " · ", el("time", { datetime: turn.ts }, when(turn.ts)), ` · turn ${turn.number}`];
   }
 
-  // The search's own status, just above its results: "Searching…", how many passages, and any
-  // words of the answer outside them (the whole answer when there are none): each said once.
+  // A conversation named by its first line, linked at one of its turns.
+  function conversationName(link) {
+    return el("a", { href: conversationLink(link.ref, link.turn), class: "conversation-name" }, shorten(link.title || "(a conversation with no text)", SHORT_NAME));
+  }
+
+  // A turn beside a hit, folded: who and when, and its first line; open, the turn whole.
+  function neighbour(turn, where, terms) {
+    const firstLine = turn.text.trim().split("\n")[0] || "";
+    return el(
+      "details",
+      { class: "neighbour" },
+      el("summary", {}, `${where}: `, ...saidBy(turn), el("span", { class: "first-line" }, shorten(firstLine, 80))),
+      highlighted(turn.text, terms),
+    );
+  }
+
+  // The search's own status, just above its results: "Searching…", how many passages, and what
+  // the answer says beside them (all it says when there are none): each said once.
   function searchSays(message) {
     $("search-status").textContent = message;
-  }
-
-  function outsidePassages({ answer, passages }) {
-    let left = answer;
-    for (const passage of passages) left = left.replace(passage.text, "");
-    return left
-      .split("\n")
-      .filter((line) => line.trim() && line.trim() !== "---")
-      .join("\n");
   }
 
   async function search(query) {
@@ -338,47 +356,55 @@
     const list = $("search-results");
     clear(list);
     const terms = queryTerms(data.query);
-    for (const passage of data.passages) {
-      const [header, ...rest] = passage.text.split("\n");
+    for (const hit of data.passages) {
       list.append(
         el(
           "li",
           { class: "card passage" },
-          el("p", { class: "passage-head" }, el("strong", {}, header), " ", passageLinks(passage.turns, "Open the conversation")),
-          highlighted(rest.join("\n"), terms),
+          el("p", { class: "passage-where" }, "In ", conversationName(hit.turns[0])),
+          el("p", { class: "passage-head" }, ...saidBy(hit)),
+          highlighted(hit.text, terms),
+          ...hit.before.map((turn) => neighbour(turn, "Before", terms)),
+          ...hit.after.map((turn) => neighbour(turn, "After", terms)),
         ),
       );
     }
     const count = data.passages.length ? `${plural(data.passages.length, "passage")} found.` : "";
-    searchSays([count, outsidePassages(data)].filter(Boolean).join("\n"));
+    searchSays([count, ...data.notes].filter(Boolean).join("\n"));
   }
 
   let auditNext = null; // where the next page of the audit starts (null: none)
 
-  // What a read of a conversation asked for: its turns, as the agent named them.
-  function readRange(read) {
+  // What a read of a conversation asked for: its turns, in the conversation its turns came from
+  // (a read that was given none names no conversation).
+  function readRange(read, served) {
     const from = read.from_turn || 1;
     const range = read.to_turn ? `turns ${from} to ${read.to_turn}` : `from turn ${from}`;
-    return el("p", {}, `Read ${range} of the conversation `, el("code", {}, String(read.ref || "")));
+    const link = served.flatMap((hit) => hit.turns)[0];
+    return el("p", {}, `Read ${range} of `, link ? conversationName(link) : "a conversation");
+  }
+
+  // A passage the assistant was given: who said it and when, in which conversation (linked at
+  // its turn), or that it is no longer stored.
+  function servedItem(hit) {
+    const who = hit.speaker || SPEAKERS[hit.role] || "";
+    const said = [who, when(hit.ts)].filter(Boolean).join(", ");
+    if (!hit.turns.length) return el("li", { class: "gone" }, `${said} (no longer stored)`);
+    return el("li", {}, el("span", { class: "said" }, said), " in ", conversationName(hit.turns[0]));
   }
 
   function auditEntry(entry) {
-    const served = el("ul", { class: "served" });
-    for (const hit of entry.served) {
-      const label = hit.role ? `${when(hit.ts)}, ${SPEAKERS[hit.role] || hit.role}` : when(hit.ts);
-      served.append(el("li", {}, passageLinks(hit.turns, label)));
-    }
     const reading = entry.tool === "read_my_conversation";
     const given = reading ? plural(entry.served.length, "turn") : plural(entry.served.length, "passage");
     const outcome = entry.outcome === "passages" ? `Given ${given}:` : OUTCOMES[entry.outcome] || entry.outcome;
-    const asked = reading ? readRange(entry.read || {}) : el("p", {}, "Searched for ", el("q", {}, entry.query));
+    const asked = reading ? readRange(entry.read || {}, entry.served) : el("p", {}, "Searched for ", el("q", {}, entry.query));
     return el(
       "li",
       { class: "card" },
       el("p", { class: "passage-head" }, el("time", { datetime: entry.at }, when(entry.at)), " · ", "client ", el("code", {}, entry.client || "unknown")),
       asked,
       el("p", {}, outcome),
-      entry.served.length ? served : null,
+      entry.served.length ? el("ul", { class: "served" }, ...entry.served.map(servedItem)) : null,
     );
   }
 
