@@ -6,8 +6,9 @@ neighbours, render) through the shared ranking core, over one user's rows.
            users (forgets, BM25 totals, built_by, generation)
            -> the user's matrix: cached when of this generation, else read in this snapshot
            -> the dense leg, exact (the query's cosine with every row of the matrix)
-           -> the terms' passage counts (`terms`) -> the BM25 pool from the postings, by
-              FTS5's own formula -> lexical (coverage) -> nothing relevant?
+           -> the terms' passage counts (`terms`) -> the BM25 pool from the postings (a
+              phrase of several stems, "user_id": its rows tokenised again, in batches, on the
+              recall's threads), by FTS5's own formula -> lexical (coverage) -> nothing relevant?
            -> order_pool -> fuse -> top_hits -> the neighbours
       -> users.forgets read again: changed -> run again (a forget deletes its chunks in its
          own transaction, so a fresh snapshot holds none of them)
