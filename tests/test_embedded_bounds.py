@@ -30,6 +30,8 @@ from recall.engines.embedded import (
     identifier_forms,
     query_terms,
 )
+from recall.engines.embedded.text import MAX_PHRASE_TERMS, PHRASE
+from recall.pg.fts import phrase_stems
 from recall.settings import Settings
 
 # -- identifiers ----------------------------------------------------------------------------------
@@ -79,6 +81,27 @@ def test_the_query_and_focus_terms_of_an_ordinary_query_are_unchanged() -> None:
         "changed", "1415", "v2", "v1415", "v231"
     ]  # fmt: skip
     assert focus_terms("MT-4471 rollout in v2.3.1") == ["mt-4471", "v2.3.1", "4471", "rollout"]
+
+
+def test_a_query_searches_only_its_first_eight_words_joined_by_underscores() -> None:
+    # Given a query of twelve words joined by "_" (FTS5 phrases), a word and an identifier
+    joined = [
+        f"{a}_{b}" for a in ("user", "order", "cart") for b in ("name", "total", "line", "date")
+    ]
+    terms = query_terms(" ".join(joined) + " invoices MT-4471")
+
+    # Then the first eight of them are searched, and the rest of the query as before
+    assert [t for t in terms if "_" in t] == joined[:8]
+    assert terms[8:] == ["invoices", "mt", "4471", "mt4471"]
+    assert MAX_PHRASE_TERMS == 8
+
+
+@pytest.mark.parametrize(
+    "word", ["user_id", "a__b", "_id", "id_", "_", "ab_12", "x_y_z", "用户_id", "straße_nr"]
+)
+def test_a_word_counts_as_joined_exactly_when_fts5_reads_it_as_a_phrase(word: str) -> None:
+    (as_written, *_) = phrase_stems([word])[0]
+    assert bool(PHRASE.search(word)) == (len(as_written) > 1)
 
 
 def test_identifiers_in_random_text_are_those_the_reference_pattern_finds() -> None:

@@ -13,6 +13,8 @@ import asyncio
 import sqlite3
 import threading
 import time
+import urllib.request
+import zlib
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
+from conftest import make_server
 from pg import PgDatabase
 from test_embedded_engine import CORPUS, CountingEmbedder
 
@@ -28,7 +31,7 @@ import recall.pg.index
 from benchmark.history import generate
 from recall.conversations import parse_conversation, user_dir_name, write_conversation
 from recall.embedder import Embedder, OnnxEmbedder, load_embedder
-from recall.engines.base import EngineError
+from recall.engines.base import UNAVAILABLE, EngineError
 from recall.engines.embedded import EmbeddedEngine, Query, db_path
 from recall.engines.embedded.search import common_floor
 from recall.engines.embedded.store import common_stems, connect, lexical_leg
@@ -70,6 +73,10 @@ EXTRA_QUERIES = [
     "ticket MT-5120 for motor P-7",  # only unknown ids
     "QC reject rate",  # a list question: more match than are shown
     "vibration alarm that keeps coming back",
+    # more words joined by "_" than a query searches (text.MAX_PHRASE_TERMS): the ninth and
+    # tenth (user_id, order_total) are left out alike
+    "alpha_bravo charlie_delta echo_golf hotel_india juliet_kilo lima_mike november_oscar"
+    " papa_quebec user_id order_total accounts",
 ]
 
 
@@ -912,3 +919,150 @@ async def test_every_change_to_a_users_chunks_makes_a_generation_never_seen_befo
     await store.erase(alice)  # everything out
     seen.append(generation())
     assert len(set(seen)) == len(seen) and 0 not in seen
+
+
+# --- bounded work: words joined by "_" (issue 32, item 8) -------------------------------------
+
+# Words of four letters or more: a pair ("alpha_bravo") is never taken for a common word by its
+# prefix (text.stem_prefixes), so each is searched, as the phrase "alpha" "bravo".
+PAIRED = ("alpha", "bravo", "charlie", "delta", "foxtrot", "golf", "hotel", "india", "juliet")
+PAIRS = [f"{a}_{b}" for a in PAIRED for b in PAIRED if a != b]
+
+
+class Scattered:
+    """The real model's name and width, with vectors that cost nothing (a hash's unit vector):
+    thousands of pieces indexed in seconds, read by a server that loads the real model."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.dim = inner.dim
+        self.fingerprint = inner.fingerprint
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        seeds = [zlib.crc32(t.encode()) for t in texts]
+        rows = np.array(
+            [np.random.default_rng(s).standard_normal(self.dim) for s in seeds], dtype=np.float32
+        ).reshape(len(texts), self.dim)
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    embed_query = embed
+
+
+def paired_history(user: str, conversations: int, turns: int) -> list[dict]:
+    """``conversations`` x ``turns`` pieces, each holding two dozen of PAIRS: every paired word
+    is in nearly every piece, so each pair's phrase is in hundreds of them."""
+    rng = np.random.default_rng(32)
+    return [
+        body(
+            user,
+            f"c{c}",
+            f"2025-{1 + c % 12:02d}-{1 + c % 28:02d}T09:00:00Z",
+            [
+                (("user", "assistant")[t % 2], "We said the " + " and ".join(rng.choice(PAIRS, 24)))
+                for t in range(turns)
+            ],
+        )
+        for c in range(conversations)
+    ]
+
+
+def healthz_seconds(url: str) -> float:
+    started = time.monotonic()
+    with urllib.request.urlopen(f"{url}/healthz", timeout=30) as response:
+        response.read()
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+async def test_a_query_of_many_words_joined_by_underscores_answers_in_time_and_stalls_nobody(
+    embedder: Remembered,
+    db: Database,
+    store: PgStore,
+    superuser: psycopg.Connection[Any],
+    pg_database: PgDatabase,
+    tmp_path: Path,
+) -> None:
+    # Given a server on PostgreSQL, and alice with 3,000 pieces full of words joined by "_"
+    await post(store, paired_history("alice", 60, 50))
+    await index_once(db, Scattered(embedder), superuser, "alice")
+    settings = {"STORE": "postgres", "DATABASE_URL": pg_database.app_url, "RECALL_TIMEOUT": "5"}
+    query = " ".join(PAIRS[::2][:32])
+    assert len(set(query.split())) == 32
+    with make_server(tmp_path, ENGINE="embedded", **settings).start() as server:
+        assert (await server.recall("alice", "alpha bravo")) != UNAVAILABLE  # the model loaded
+
+        # When she asks for 32 of them while /healthz is asked every 50 ms
+        stalls: list[float] = []
+        done = threading.Event()
+
+        def probe() -> None:
+            while not done.is_set():
+                stalls.append(healthz_seconds(server.url))
+                time.sleep(0.05)
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        started = time.monotonic()
+        try:
+            found = await server.recall("alice", query)
+        finally:
+            took = time.monotonic() - started
+            done.set()
+            prober.join()
+
+        # Then she gets passages, well within RECALL_TIMEOUT, and /healthz never waited long
+        print(f"recall {took:.2f} s; /healthz {len(stalls)} probes, slowest {max(stalls):.3f} s")
+        assert found != UNAVAILABLE
+        assert any(pair in found for pair in query.split())
+        assert took < 5
+        assert max(stalls) < 0.5
+
+
+async def test_phrases_are_counted_off_the_event_loop_and_a_cancelled_recall_stops_counting(
+    embedder: Remembered,
+    db: Database,
+    store: PgStore,
+    superuser: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given alice with 1,500 pieces full of words joined by "_", and the counting watched
+    await post(store, paired_history("alice", 30, 50))
+    await index_once(db, Scattered(embedder), superuser, "alice")
+    counting = recall.pg.search.phrase_counts
+    started: list[str] = []
+    ended: list[str] = []
+
+    def watched(*args: Any) -> Any:
+        started.append(threading.current_thread().name)
+        try:
+            return counting(*args)
+        finally:
+            ended.append(threading.current_thread().name)
+
+    monkeypatch.setattr(recall.pg.search, "phrase_counts", watched)
+    search = PgSearch(db, embedder, min_similarity=0.0)
+    alice = user_dir_name("alice")
+    query = " ".join(PAIRS[::2][:32])
+
+    # When one recall runs to its end
+    found = (await search.recall(alice, query)).text
+    assert any(pair in found for pair in query.split())
+
+    # Then every count ran on the recall's own threads, never on the event loop's
+    assert started and all(name.startswith("recall-pg") for name in started)
+
+    # When another is cancelled once its counting has begun
+    started.clear()
+    ended.clear()
+    task = asyncio.create_task(search.recall(alice, query))
+    async with asyncio.timeout(30):
+        while not started:
+            await asyncio.sleep(0.001)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    # Then it returned only once the count under way had ended, and nothing counts after it
+    assert len(ended) == len(started) < 3  # of the three batches of 500
+    await asyncio.sleep(0.5)
+    assert len(started) == len(ended) < 3
+    await search.close()

@@ -33,10 +33,14 @@ class Counted:
 
 
 def _instances(
-    pieces: Sequence[tuple[str, str]], *, indexed: bool = True
+    pieces: Sequence[tuple[str, str]],
+    *,
+    indexed: bool = True,
+    terms: Sequence[str] | None = None,
 ) -> list[tuple[int, str, str, int]]:
     """(piece index, stem, column, offset) of every token of ``pieces`` (text, ids); with
-    ``indexed``, of the text as the index holds it (fts_text)."""
+    ``indexed``, of the text as the index holds it (fts_text); with ``terms``, of those stems
+    only (read back in C: the rest never becomes a Python row)."""
     if indexed:
         pieces = [(fts_text(text), ids) for text, ids in pieces]
     with closing(sqlite3.connect(":memory:")) as con:
@@ -46,7 +50,10 @@ def _instances(
             "INSERT INTO t (rowid, text, ids) VALUES (?, ?, ?)",
             [(n, text, ids) for n, (text, ids) in enumerate(pieces)],
         )
-        return con.execute('SELECT doc, term, col, "offset" FROM v').fetchall()
+        read = 'SELECT doc, term, col, "offset" FROM v'
+        if terms is None:
+            return con.execute(read).fetchall()
+        return con.execute(f"{read} WHERE term IN ({','.join('?' * len(terms))})", terms).fetchall()
 
 
 def count_terms(pieces: Sequence[tuple[str, str]]) -> list[Counted]:
@@ -80,22 +87,25 @@ def phrase_stems(terms: Sequence[str]) -> list[list[list[str]]]:
 
 
 def phrase_counts(
-    phrase: Sequence[str], pieces: Sequence[tuple[str, str]]
-) -> list[tuple[int, int]]:
-    """How often ``phrase`` (stems) occurs in each piece's text and ids: consecutive tokens in
-    one column, as FTS5 matches a quoted phrase."""
-    columns: dict[tuple[int, str], dict[int, str]] = {}
-    for n, term, column, offset in _instances(pieces):
-        columns.setdefault((n, column), {})[offset] = term
-    found = [[0, 0] for _ in pieces]
+    phrases: Sequence[Sequence[str]], pieces: Sequence[tuple[str, str]]
+) -> list[list[tuple[int, int]]]:
+    """How often each of ``phrases`` (stems) occurs in each piece's text and ids: consecutive
+    tokens in one column, as FTS5 matches a quoted phrase. ``[phrase][piece]``. The pieces are
+    tokenised once for all the phrases, and only the phrases' stems are read back."""
+    stems = sorted({stem for phrase in phrases for stem in phrase})
+    columns: dict[tuple[int, str], dict[str, set[int]]] = {}  # (piece, column): stem -> offsets
+    for n, term, column, offset in _instances(pieces, terms=stems):
+        columns.setdefault((n, column), {}).setdefault(term, set()).add(offset)
+    found = [[[0, 0] for _ in pieces] for _ in phrases]
     for (n, column), at in columns.items():
-        hits = sum(
-            all(at.get(start + i) == stem for i, stem in enumerate(phrase))
-            for start, term in at.items()
-            if term == phrase[0]
-        )
-        found[n][0 if column == TEXT else 1] += hits
-    return [(text, ids) for text, ids in found]
+        side = 0 if column == TEXT else 1
+        for counted, phrase in zip(found, phrases, strict=True):
+            if all(stem in at for stem in phrase):
+                starts = set(at[phrase[0]])  # where stem i sits i tokens after the start
+                for i, stem in enumerate(phrase[1:], 1):
+                    starts &= {offset - i for offset in at[stem]}
+                counted[n][side] += len(starts)
+    return [[(text, ids) for text, ids in counted] for counted in found]
 
 
 def _by_place(instance: tuple[int, str, str, int]) -> tuple[int, int]:

@@ -6,8 +6,9 @@ neighbours, render) through the shared ranking core, over one user's rows.
            users (forgets, BM25 totals, built_by, generation)
            -> the user's matrix: cached when of this generation, else read in this snapshot
            -> the dense leg, exact (the query's cosine with every row of the matrix)
-           -> the terms' passage counts (`terms`) -> the BM25 pool from the postings, by
-              FTS5's own formula -> lexical (coverage) -> nothing relevant?
+           -> the terms' passage counts (`terms`) -> the BM25 pool from the postings (a
+              phrase of several stems, "user_id": its rows tokenised again, in batches, on the
+              recall's threads), by FTS5's own formula -> lexical (coverage) -> nothing relevant?
            -> order_pool -> fuse -> top_hits -> the neighbours
       -> users.forgets read again: changed -> run again (a forget deletes its chunks in its
          own transaction, so a fresh snapshot holds none of them)
@@ -72,6 +73,9 @@ TEXT_COLUMN_WEIGHT = 1.0
 # A recall re-runs when a forget committed while it read; past this many tries in a row it
 # gives up (a user forgetting without pause): RecallRaced, which the server answers softly.
 MAX_TRIES = 5
+# Rows tokenised per step when counting the phrases of several stems ("user_id"): 50-100 ms of
+# a thread for 500 rows of two dozen such words each, so a cancelled recall stops within that.
+PHRASE_BATCH = 500
 
 Found = list[tuple[Hit, list[Neighbour]]]
 
@@ -295,19 +299,26 @@ class PgSearch:
         searched = searched_terms(query, common)
         phrases = [phrase for term in searched for phrase in stems_of[term]]
         owner = [term for term in searched for _ in stems_of[term]]  # each phrase's term
-        # Each searched phrase: the rows holding it, with (tf in text, tf in ids).
+        # Each one-stem phrase (nearly every query word): the rows holding it, with (tf in text,
+        # tf in ids), from its postings.
         cur = await conn.execute(
             "SELECT p.term, p.chunk_id, p.tf_text, p.tf_ids, c.tokens FROM postings p"
             " JOIN chunks c ON c.user_hash = p.user_hash AND c.id = p.chunk_id"
             " WHERE p.user_hash = %s AND p.term = ANY(%s)",
-            (user_hash, sorted({s for phrase in phrases for s in phrase})),
+            (user_hash, sorted({phrase[0] for phrase in phrases if len(phrase) == 1})),
         )
         by_stem: dict[str, dict[int, tuple[int, int]]] = {}
         length: dict[int, int] = {}
         for term, chunk_id, tf_text, tf_ids, row_tokens in await cur.fetchall():
             by_stem.setdefault(term, {})[chunk_id] = (tf_text, tf_ids)
             length[chunk_id] = row_tokens
-        held = [await self._phrase(conn, user_hash, phrase, by_stem) for phrase in phrases]
+        # Phrases of several stems ("user_id" is "user" "id"): counted in the rows' own text.
+        several = list(dict.fromkeys(tuple(phrase) for phrase in phrases if len(phrase) > 1))
+        in_rows = await self._phrases(conn, user_hash, several, length) if several else {}
+        held = [
+            by_stem.get(phrase[0], {}) if len(phrase) == 1 else in_rows.get(tuple(phrase), {})
+            for phrase in phrases
+        ]
         rows_of: dict[str, set[int]] = {}  # a term's count: the rows holding any of its forms
         for term, h in zip(owner, held, strict=True):
             rows_of.setdefault(term, set()).update(h)
@@ -336,30 +347,45 @@ class PgSearch:
         rows = [Pooled(c, pooled[c][1], pooled[c][2].split()) for c in pool]
         return lexical(query, counts, rows, passages)
 
-    async def _phrase(
+    async def _phrases(
         self,
         conn: Connection,
         user_hash: str,
-        phrase: list[str],
-        by_stem: dict[str, dict[int, tuple[int, int]]],
-    ) -> dict[int, tuple[int, int]]:
-        """The rows holding a query phrase, with its (tf in text, tf in ids) in each. One stem
-        (nearly every query word): its postings. Several ("user_id"): the rows holding all of
-        them, the phrase counted in their text as FTS5 matches it (consecutive tokens)."""
-        if not phrase:
-            return {}
-        if len(phrase) == 1:
-            return by_stem.get(phrase[0], {})
-        rows = set.intersection(*(set(by_stem.get(s, {})) for s in phrase))
-        if not rows:
-            return {}
+        phrases: list[tuple[str, ...]],
+        length: dict[int, int],
+    ) -> dict[tuple[str, ...], dict[int, tuple[int, int]]]:
+        """The rows holding each phrase of several stems ("user_id"), with its (tf in text, tf
+        in ids) in each, counted as FTS5 matches it (consecutive tokens); ``length`` gets those
+        rows' token counts. The postings hold no positions, so the rows holding every stem of a
+        phrase are read and tokenised again: PHRASE_BATCH at a time, each batch once for all the
+        phrases, on the recall's threads (about a second of CPU for 3,000 rows: never on the
+        event loop, which other users' posts and /healthz need), and a cancelled recall stops
+        after the batch under way. text.MAX_PHRASE_TERMS bounds the phrases."""
+        # (stem, its phrase, the phrase's distinct stems): a row holding all of them is read.
+        wanted = [(s, n, len(set(p))) for n, p in enumerate(phrases) for s in sorted(set(p))]
         cur = await conn.execute(
-            "SELECT id, text, ids FROM chunks WHERE user_hash = %s AND id = ANY(%s) ORDER BY id",
-            (user_hash, sorted(rows)),
+            "SELECT DISTINCT p.chunk_id FROM unnest(%s::text[], %s::int[], %s::int[])"
+            " AS w (term, phrase, stems)"
+            " JOIN postings p ON p.user_hash = %s AND p.term = w.term"
+            " GROUP BY p.chunk_id, w.phrase, w.stems HAVING count(*) = w.stems ORDER BY 1",
+            ([w[0] for w in wanted], [w[1] for w in wanted], [w[2] for w in wanted], user_hash),
         )
-        found = await cur.fetchall()
-        counted = phrase_counts(phrase, [(text, ids) for _, text, ids in found])
-        return {row[0]: tf for row, tf in zip(found, counted, strict=True) if tf != (0, 0)}
+        rows = [row[0] for row in await cur.fetchall()]
+        found: list[dict[int, tuple[int, int]]] = [{} for _ in phrases]
+        for start in range(0, len(rows), PHRASE_BATCH):
+            cur = await conn.execute(
+                "SELECT id, text, ids, tokens FROM chunks WHERE user_hash = %s AND id = ANY(%s)",
+                (user_hash, rows[start : start + PHRASE_BATCH]),
+            )
+            batch = await cur.fetchall()
+            pieces = [(text, ids) for _, text, ids, _ in batch]
+            counts = await run_in(self._pool, phrase_counts, phrases, pieces)
+            for held, in_batch in zip(found, counts, strict=True):
+                for (chunk_id, _, _, row_tokens), tf in zip(batch, in_batch, strict=True):
+                    if tf != (0, 0):
+                        held[chunk_id] = tf
+                        length[chunk_id] = row_tokens
+        return dict(zip(phrases, found, strict=True))
 
     async def _with_neighbours(self, conn: Connection, user_hash: str, hits: list[Hit]) -> Found:
         """Each hit with up to NEIGHBOURS turns before and after it (store.neighbours)."""

@@ -57,6 +57,11 @@ ENGLISH_WORDS = frozenset(
 ENGLISH_SHARE = 0.05  # one word in twenty: English prose runs at a third and more
 SHORT_PASSAGE = 6  # fewer Latin words than this: English unless a letter says otherwise
 MAX_QUERY_TERMS = 32  # a query is a few words; the cap bounds the FTS work one call can cause
+# Words joined by "_" ("user_id") are phrases to FTS5 ("user" "id"), and PostgreSQL's postings
+# hold no positions: each is counted by tokenising every row holding all its words again. A
+# query searches its first MAX_PHRASE_TERMS of them; later ones are left out, on both stores.
+MAX_PHRASE_TERMS = 8
+PHRASE = re.compile(r"[^\W_]_+[^\W_]")  # "_" between two word characters: FTS5 splits there
 ID_COVERAGE = 4  # a whole identifier counts as this many words in coverage()
 
 
@@ -218,7 +223,7 @@ def query_terms(query: str) -> list[str]:
     """The words worth searching for, then the joined forms of the identifiers in the query.
 
     Stopwords are dropped unless nothing else is left: they match nearly every row, which costs
-    time and adds noise.
+    time and adds noise. Of the words joined by "_", the first MAX_PHRASE_TERMS are kept.
     """
     words = words_of(query)
     # Single letters (the "t" of "didn't", the "s" of "Caroline's") and one-character parts of
@@ -232,7 +237,9 @@ def query_terms(query: str) -> list[str]:
     ]
     terms = terms or words
     terms += identifier_forms(query)
-    return list(dict.fromkeys(terms))[:MAX_QUERY_TERMS]
+    unique = list(dict.fromkeys(terms))
+    beyond = set([t for t in unique if PHRASE.search(t)][MAX_PHRASE_TERMS:])
+    return [t for t in unique if t not in beyond][:MAX_QUERY_TERMS]
 
 
 def focus_terms(query: str) -> list[str]:
