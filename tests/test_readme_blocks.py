@@ -218,7 +218,7 @@ def test_the_fastmcp_snippet_saved_as_a_script_finds_the_decision_and_reads_the_
     tmp_path: Path,
 ) -> None:
     # given the tool section's Python snippet saved as a file, and the seeded demo running
-    [snippet] = sh_blocks(section("The tool"), language="python")
+    [snippet] = sh_blocks(section("The tools"), language="python")
     (tmp_path / "demo").mkdir()
     server = seeded_demo(tmp_path / "demo")
     try:
