@@ -28,6 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import ROOT
 
@@ -162,6 +163,29 @@ def test_the_demo_block_pasted_whole_finds_the_n11_decision_and_its_stop_line_st
     assert "Traceback" not in err + log
     assert "indexed" in out  # the seeder waited for the index, not for luck
     # and the stop line stopped the background server
+    assert stops_answering(port)
+
+
+def test_the_demo_block_pasted_twice_restarts_its_server_and_the_stop_line_stops_the_new_one(
+    tmp_path: Path,
+) -> None:
+    # given the demo's block pasted into one shell, then again while its server still runs,
+    # then the stop block (between the pastes the test notes the first server and its log)
+    demo, _, stop = sh_blocks(section("Try the demo"))
+    port = free_port()
+    cwd = scratch(tmp_path)
+    between = "cp recall-server.log first.log; echo $RECALL_PID > first.pid\n"
+    # when it runs
+    out, err = run_to_the_end(runnable(demo + between + demo + stop, port), cwd, port)
+    log = (cwd / "recall-server.log").read_text()
+    # then both pastes end with alice's decision found, the second seeded with the same key
+    assert out.count(N11_DECISION) >= 2, f"stdout:\n{out}\nstderr:\n{err}\nlog:\n{log[-3000:]}"
+    assert "refus" not in err, err
+    # and the first paste's server was stopped by the second, its log kept, not truncated
+    first = int((cwd / "first.pid").read_text())
+    assert not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie"
+    assert log.startswith((cwd / "first.log").read_text())
+    # and the stop line stopped the server the second paste started, which held the port
     assert stops_answering(port)
 
 
