@@ -109,9 +109,8 @@ def pg(program: str, *arguments: str) -> subprocess.CompletedProcess[str]:
 
 
 def pg_running(home: Path) -> bool:
-    return (home / "data").exists() and pg(
-        "pg_ctl", "-D", str(home / "data"), "status"
-    ).returncode == 0
+    data = home / "data"
+    return data.exists() and pg("pg_ctl", "-D", str(data), "status").returncode == 0
 
 
 def start_postgres(home: Path) -> None:
@@ -195,15 +194,14 @@ def running(folder: Path) -> list[tuple[Path, int]]:
 
     found = []
     for path in sorted(folder.glob("*.pid")):
-        pid, started = path.read_text().split()
         try:
-            same = psutil.Process(int(pid)).create_time() == float(started)
+            pid, started = path.read_text().split()
+            if psutil.Process(int(pid)).create_time() == float(started):
+                found.append((path, int(pid)))
+                continue
         except (psutil.Error, ValueError):
-            same = False
-        if same:
-            found.append((path, int(pid)))
-        else:
-            path.unlink()
+            pass
+        path.unlink()  # gone, or its number taken by another process since
     return found
 
 
@@ -316,13 +314,16 @@ def start(folder: Path, ports: list[int], nginx: int | None) -> None:
     stop_processes(folder)  # an earlier start's, so that `start` again restarts
     home = folder / "postgres"
     start_postgres(home)
-    prepare_database(home)
-    migrate(home)
-    hosts = f"{NGINX_HOST},127.0.0.1,localhost" if nginx else ""
-    started = {p: (f"replica-{p}", start_replica(folder, home, p, key, hosts)) for p in ports}
-    if nginx:
-        started[nginx] = ("nginx", start_nginx(folder, ports, nginx))
-    wait_ready(folder, started)
+    try:
+        prepare_database(home)
+        migrate(home)
+        hosts = f"{NGINX_HOST},127.0.0.1,localhost" if nginx else ""
+        started = {p: (f"replica-{p}", start_replica(folder, home, p, key, hosts)) for p in ports}
+        if nginx:
+            started[nginx] = ("nginx", start_nginx(folder, ports, nginx))
+        wait_ready(folder, started)
+    except Failed as failed:  # PostgreSQL, and perhaps a replica, run: say how to stop them
+        raise Failed(f"{failed}\nstop what started: {sys.argv[0]} stop {folder}") from None
     a, b = (f"http://127.0.0.1:{port}" for port in ports)
     if nginx:
         print(f"nginx:      http://127.0.0.1:{nginx} in front of both")
