@@ -177,6 +177,7 @@ def health(url: str) -> dict[str, object]:
         return json.loads(response.read())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NO_POSTGRES or shutil.which("nginx") is None, reason="needs PostgreSQL, nginx")
 def test_replicas_py_with_nginx_takes_a_post_and_a_search_through_deploy_nginx_conf() -> None:
     # given replicas.py started with nginx in front, in a directory PostgreSQL's system user can

