@@ -22,11 +22,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from recall.demo import seeded_demo
-from recall.settings import Settings
-from recall.testing import LocalServer
+ROOT = Path(__file__).resolve().parent.parent  # the checkout this script is in
+# This checkout's code, not an installed copy: after the README's `pip install .` (not editable),
+# `import recall` from examples/ finds the copy in site-packages, which has no examples/tokens.json
+# or seeds/ beside it, and which records the code as installed, not as it is now.
+sys.path.insert(0, str(ROOT))
 
-ROOT = Path(__file__).resolve().parent.parent
+from recall.demo import seeded_demo  # noqa: E402 - after the path above
+from recall.settings import Settings  # noqa: E402
+from recall.testing import LocalServer  # noqa: E402
+
 RECORD = ROOT / "examples" / "recall-runs.md"
 COMMAND = ".venv/bin/python examples/record_runs.py"
 INDEX_TIMEOUT = 180.0  # seconds for seeding and both users' index runs

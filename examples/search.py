@@ -7,7 +7,8 @@ The first searches (recall_my_conversations); the second reads turns of the conv
 passage header names ("ref <ref> turn <n>") whole (read_my_conversation).
 
 Exit status: 0 with the tool's answer on stdout; 1 with a one-line reason on stderr when the
-server cannot be reached, refuses the token or the tool refuses the arguments.
+server cannot be reached, refuses the token (with the server's reason, such as "bearer token
+refused: token expired") or the tool refuses the arguments.
 
 One MCP `tools/call` request over the streamable HTTP transport, standard library only: the
 server is stateless (no session, so no `initialize` round trip is needed) and answers each call
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -48,7 +50,7 @@ def call(url: str, token: str, tool: str, arguments: dict[str, Any]) -> str:
             answer = message(response.read().decode(), response.headers.get_content_type())
     except urllib.error.HTTPError as http:
         if http.code == 401:
-            raise Refused("401: the token was refused (check --token)") from None
+            raise Refused(f"401: {refusal(http)} (check --token)") from None
         raise Refused(f"the server at {url} answered {http.code}") from None
     except OSError:
         raise Refused(f"cannot reach the recall server at {url} (is it running?)") from None
@@ -59,6 +61,19 @@ def call(url: str, token: str, tool: str, arguments: dict[str, Any]) -> str:
     if result.get("isError"):  # a refused argument: the message starts with its name
         raise Refused(f"the tool refused the call: {text[:200]}")
     return text
+
+
+def refusal(http: urllib.error.HTTPError) -> str:
+    """Why the server refused the token, in its own words: the JSON-RPC error's message ("bearer
+    token refused: token expired; where to sign in: ..."), else RFC 6750's error_description in
+    WWW-Authenticate; a bare "token refused" only when the server gave neither."""
+    try:
+        reason = str(json.loads(http.read())["error"]["message"]).removeprefix("Unauthorized: ")
+    except (OSError, ValueError, KeyError, TypeError):
+        header = http.headers.get("www-authenticate", "")
+        described = re.search(r'error_description="([^"]*)"', header)
+        reason = described[1] if described else ""
+    return reason[:300] or "token refused"
 
 
 def message(payload: str, content_type: str) -> dict[str, Any]:

