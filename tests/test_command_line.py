@@ -28,7 +28,10 @@ def test_search_with_a_refused_token_says_401_in_one_line(tmp_path: Path) -> Non
     with make_server(tmp_path, ENGINE="embedded").start() as server:
         done = run("examples/search.py", "--url", server.url, "--token", "not-a-token", "N-11")
     assert done.returncode == 1
-    assert done.stderr.strip() == "search.py: 401: the token was refused (check --token)"
+    # One line, with the server's reason (tests/test_examples.py: expired, audience, issuer)
+    assert (
+        done.stderr.strip() == "search.py: 401: bearer token refused: unknown token (check --token)"
+    )
 
 
 def test_search_against_no_server_says_it_cannot_reach_it() -> None:
