@@ -13,11 +13,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psycopg
 import pytest
 from conftest import ROOT, Server, conversation, make_server, wait_for
 from pg import PgDatabase, PgServer, table_rows
 
-from recall.pg.database import Database, DatabaseRefused
+from recall.pg.database import Database, DatabaseRefused, misconfigured
 from recall.testing import free_port
 
 ALICE = "0" * 64
@@ -109,6 +110,32 @@ def test_an_unreachable_database_at_start_is_an_outage_the_replica_waits_out(
         assert server.post(conversation("alice", "c1", "Hello."))[0] == 503
     (line,) = lines_with(server.log(), "database unreachable at start")
     assert "Connection refused" in line and "Secret-Pa55word" not in server.log()
+
+
+AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+
+
+@pytest.mark.parametrize(
+    ("failure", "reason"),
+    [
+        ('FATAL:  password authentication failed for user "recall_app"', "password auth"),
+        ('FATAL:  database "recall" does not exist', 'database "recall" does not exist'),
+        ('FATAL:  role "recall_app" does not exist', 'role "recall_app" does not exist'),
+        ('FATAL:  role "recall_app" is not permitted to log in', "is not permitted to log in"),
+        ('FATAL:  no pg_hba.conf entry for host "10.0.0.9", user "recall_app"', "no pg_hba"),
+        ("fe_sendauth: no password supplied", "fe_sendauth: no password supplied"),
+        ("Connection refused\n\tIs the server running on that host?", None),
+        ("timeout expired", None),
+        ("FATAL:  sorry, too many clients already", None),
+        ("FATAL:  the database system is starting up", None),
+        ("FATAL:  terminating connection due to administrator command", None),
+    ],
+)
+def test_a_refusal_no_retry_mends_is_told_apart_from_an_outage(
+    failure: str, reason: str | None
+) -> None:
+    found = misconfigured(psycopg.OperationalError(AT + failure))
+    assert found is None if reason is None else (found is not None and reason in found)
 
 
 # --- DATABASE_URL itself (items 4 and 13) ------------------------------------------------------
