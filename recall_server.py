@@ -57,7 +57,7 @@ from starlette.responses import JSONResponse, Response
 
 from recall import audit, reading
 from recall.auth import MCP_PATH, TokenFirst, build_verifier, client_of, user_from_token
-from recall.concurrency import BoundedRuns
+from recall.concurrency import BoundedRuns, Glance
 from recall.conversations import (
     LONE_SURROGATE,
     PRIVATE_UMASK,
@@ -89,13 +89,16 @@ from recall.metrics import Metrics, recall_timed_out
 from recall.reading import checked_turns
 from recall.settings import ConfigError, Settings, load_settings, settings_help
 from recall.store import AuditLine, Mark, Store, StoreUnavailable
-from recall.transport import BodyTooLarge, fit_descriptor_limit, read_limited, serve
+from recall.transport import BodyTooLarge, Refusal, fit_descriptor_limit, read_limited, serve
 
 log = logging.getLogger("recall")
 REFUSALS = Refusals(log)  # why requests were refused: each reason at INFO, rate-limited
 
 T = TypeVar("T")  # what a keyed route parses its body into
 RETRY_AFTER_SECONDS = 5  # a 503 of a store that is down: when the gateway may try again
+# /healthz and /metrics wait this long at most for a figure from the store (the database): a
+# liveness probe allows 1 s (Kubernetes' default), the image's HEALTHCHECK 4 s.
+GLANCE_SECONDS = 0.25
 MAX_QUERY_CHARS = 500  # a query is a few words; the cap bounds what one call can make us scan
 # Durable writes are short (a file, two fsyncs); their own few threads, so that nothing else
 # (index runs, recalls) can make the gateway's post wait for a thread.
@@ -233,10 +236,25 @@ def create_app(settings: Settings) -> Starlette:
     store = make_store(settings, writes, metrics)
     # Gauges read at scrape time; the vector cache is the embedded engine's or the database's.
     metrics.watch(recalls, getattr(store, "engine", store))
+    # The store's figures for the probes, read without waiting on a database that is down.
+    indexing_now = Glance(store.indexing, GLANCE_SECONDS)
+    index_lag_now = Glance(store.index_lag, GLANCE_SECONDS)
+    refusal = Refusal()  # main() exits with status 3 once the store refused to serve
+
+    async def stop_when_refused() -> None:
+        # A replica started while the database was down checks its role and schema on the first
+        # connection that succeeds: refused then, it stops rather than serve (status 3).
+        refusal.refuse(await store.refused())
 
     @asynccontextmanager
     async def lifespan(_: FastMCP) -> AsyncIterator[dict[str, Any]]:
-        await store.start()  # catches up on what changed while we were down
+        try:
+            await store.start()  # catches up on what changed while we were down
+        except ConfigError as exc:  # one line, no traceback; nothing of the store left running
+            await store.close()
+            refusal.refuse(str(exc))
+            raise
+        watch = asyncio.create_task(stop_when_refused())
         log.info("serving with the %s", store.describe())
         # Where the write route's key comes from, for whoever follows the README (never the key).
         log.info("POST /turns takes this server's INGEST_KEY environment variable in x-ingest-key")
@@ -248,9 +266,12 @@ def create_app(settings: Settings) -> Starlette:
         try:
             yield {}
         finally:
-            if sweeper is not None:
-                sweeper.cancel()
-                await asyncio.gather(sweeper, return_exceptions=True)
+            for task in (watch, sweeper):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            await indexing_now.close()
+            await index_lag_now.close()
             await recalls.close()
             await store.close()
             writes.shutdown()
@@ -368,12 +389,11 @@ def create_app(settings: Settings) -> Starlette:
 
     @mcp.custom_route("/healthz", methods=["GET"])
     async def healthz(_: Request) -> JSONResponse:
-        # "indexing": users whose index run is due or going on (0: every write went through a
-        # run); the seeder waits for 0 so that the demo's first search finds what it posted.
-        try:
-            indexing: int | None = await store.indexing()
-        except StoreUnavailable:  # alive all the same: /readyz says what is down
-            indexing = None
+        # Liveness: answers at once whatever the database does (a probe that waited on it would
+        # restart every replica during a failover). "indexing": users whose index run is due or
+        # going on (0: every write went through a run), null when the store did not say within
+        # GLANCE_SECONDS; the seeder waits for 0 so that the demo's first search finds it all.
+        indexing = await indexing_now()
         return JSONResponse(
             {"status": "ok", "store": store.name, "engine": store.engine_name, "indexing": indexing}
         )
@@ -390,11 +410,8 @@ def create_app(settings: Settings) -> Starlette:
     async def metrics_page(request: Request) -> Response:
         if refused := metrics.refused(request, settings.metrics_token):
             return refused
-        try:
-            lag = await store.index_lag()
-        except StoreUnavailable:
-            lag = (0, 0.0)  # the page still serves the process' own figures
-        return metrics.page(lag)
+        # The process' own figures always; the index backlog's when the store says it in time.
+        return metrics.page(await index_lag_now())
 
     # --- read path --------------------------------------------------------------------------
 
@@ -550,7 +567,7 @@ def create_app(settings: Settings) -> Starlette:
     for path, methods, endpoint in memory.routes():
         mcp.custom_route(path, methods)(endpoint)
 
-    return mcp.http_app(
+    app = mcp.http_app(
         path=MCP_PATH,
         # The token checked first on every method of /mcp, and a 401 that clients show.
         middleware=[Middleware(TokenFirst, auth=verifier, refusals=REFUSALS)],
@@ -564,6 +581,8 @@ def create_app(settings: Settings) -> Starlette:
         allowed_hosts=allowed_hosts,
         allowed_origins=settings.origin_allowlist(),
     )
+    app.state.refusal = refusal
+    return app
 
 
 def main() -> None:
@@ -591,7 +610,7 @@ def main() -> None:
         settings = load_settings()
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, settings.secrets())
     try:
         app = create_app(settings)
     except ConfigError as exc:
@@ -603,7 +622,7 @@ def main() -> None:
     # about twice a minute under load (benchmark/README.md, "Load").
     gc.collect()
     gc.freeze()
-    serve(app, settings)
+    serve(app, settings, app.state.refusal)
 
 
 if __name__ == "__main__":

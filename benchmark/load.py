@@ -174,7 +174,9 @@ class Sampler:
     async def sample_lag(self, http: httpx2.AsyncClient, at: float) -> None:
         try:
             health = (await http.get(f"{self.url}/healthz", timeout=10)).json()
-            self.indexing.append((at, int(health.get("indexing", -1))))
+            # null: the store did not say within /healthz's bound (a busy or absent database)
+            if (indexing := health.get("indexing", -1)) is not None:
+                self.indexing.append((at, int(indexing)))
         except (httpx2.HTTPError, ValueError):
             pass
         if self.has_metrics is False:

@@ -13,7 +13,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ async def run_in(
         raise
 
 
-def _retrieve(task: asyncio.Task[Any]) -> None:
+def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # a run abandoned at its timeout: its outcome was already answered for
 
@@ -113,3 +113,30 @@ async def kill_group(proc: asyncio.subprocess.Process, grace: float) -> None:
             return
         except TimeoutError:
             continue
+
+
+class Glance(Generic[T]):
+    """A figure a probe reads from a dependency without waiting on it (liveness, /metrics): each
+    call waits at most ``seconds`` for a read, else answers None, as when the read fails. A read
+    that runs longer goes on alone, and the next call waits on it rather than starting another:
+    a database that hangs holds one read at a time, never a pile of them."""
+
+    def __init__(self, read: Callable[[], Awaitable[T]], seconds: float) -> None:
+        self._read = read
+        self._seconds = seconds
+        self._task: asyncio.Future[T] | None = None
+
+    async def __call__(self) -> T | None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._read())
+            self._task.add_done_callback(_retrieve)
+        task = self._task
+        done, _ = await asyncio.wait({task}, timeout=self._seconds)
+        if not done or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

@@ -8,6 +8,7 @@ the file work on the server's write threads.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -110,6 +111,10 @@ class FilesStore:
     async def close(self) -> None:
         await self.scheduler.close()
         await self.engine.close()
+
+    async def refused(self) -> str:
+        await asyncio.Event().wait()  # DATA_DIR was checked at start: nothing refuses later
+        raise AssertionError("unreachable")
 
     async def ready(self) -> str | None:
         # Can requests succeed: DATA_DIR takes a file, the engine can answer. Off the loop (disk).

@@ -1,7 +1,9 @@
 """One log format for every line: ours, FastMCP's and uvicorn's, as text or as JSON.
 
 One record is always one line, whatever a request carried: control characters are written as
-escapes. Libraries' records below INFO are not written: they quote requests.
+escapes. Libraries' records below INFO are not written: they quote requests. No record is written
+with a password or key in it (SecretsRedacted): the code logs none, and this catches what a
+library quotes (libpq quotes a connection string it cannot parse, and the pool logs it).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,6 +36,14 @@ VETTED = "recall_vetted"
 # flood the log, and one kind of refusal cannot hide another.
 REFUSAL_INTERVAL = 10.0
 REFUSAL_REASONS_KEPT = 1000  # reasons remembered at once: the memory of the limit is bounded
+# A password wherever a record may carry one: a URL's (scheme://user:PASSWORD@host) and a
+# connection string's (password=...); and the secrets the settings name, wherever they appear.
+URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@]*@", re.IGNORECASE)
+KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+REDACTED = "[redacted]"
+# A secret shorter than this is left to the patterns: replacing every such string in every line
+# would garble the log and hide nothing a URL did not already show.
+SHORTEST_SECRET = 4
 
 
 def user_fields(user: str | Path, seconds: float | None = None) -> dict[str, object]:
@@ -66,6 +77,35 @@ class LibraryDebugDropped(logging.Filter):
         )
 
 
+class SecretsRedacted(logging.Filter):
+    """Takes every password and key out of a record before it is written: its message, its
+    traceback and its stack (see URL_PASSWORD, KEYWORD_PASSWORD and ``secrets``)."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        # Longest first: a secret that holds another is replaced whole.
+        self.secrets = sorted({s for s in secrets if len(s) >= SHORTEST_SECRET}, key=len)[::-1]
+
+    def redact(self, text: str) -> str:
+        text = URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
+        text = KEYWORD_PASSWORD.sub(rf"\1{REDACTED}", text)
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if (clean := self.redact(message)) != message:
+            record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
+        return True
+
+
 class TextFormatter(logging.Formatter):
     """LOG_FORMAT, one line a record: a traceback too, with its newlines escaped."""
 
@@ -84,19 +124,20 @@ class JsonFormatter(logging.Formatter):
             "event": record.getMessage(),
         }
         line.update({key: getattr(record, key) for key in EXTRA_FIELDS if hasattr(record, key)})
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)  # one line, escaped
+        if record.exc_info or record.exc_text:  # as SecretsRedacted left it; one line, escaped
+            line["exception"] = record.exc_text or self.formatException(record.exc_info)
         text = json.dumps(line, ensure_ascii=False, default=str)
         # Only inside strings, so \uXXXX keeps the JSON valid and the value unchanged.
         return JSON_UNESCAPED.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
-def configure_logging(level: str, log_format: str = "text") -> None:
+def configure_logging(level: str, log_format: str = "text", secrets: Iterable[str] = ()) -> None:
     """Every logger writes to stderr at LOG_LEVEL: `<time> <LEVEL> <logger> <message>`, or with
-    LOG_FORMAT=json one JSON object a line."""
+    LOG_FORMAT=json one JSON object a line; never a password, nor any of ``secrets``."""
     stderr = logging.StreamHandler()
     stderr.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(LOG_FORMAT))
     stderr.addFilter(LibraryDebugDropped())
+    stderr.addFilter(SecretsRedacted(secrets))
     logging.basicConfig(level=level.upper(), handlers=[stderr])
     logging.captureWarnings(True)  # a library's warning is a line like any other, not text
     for name in OWN_HANDLERS:

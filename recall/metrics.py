@@ -195,9 +195,10 @@ class Metrics:
                 )
         return None
 
-    def page(self, index_lag: tuple[int, float]) -> Response:
+    def page(self, index_lag: tuple[int, float] | None) -> Response:
         """The Prometheus text page; ``index_lag`` is the store's (read from the database when
-        it is shared, so every replica reports the same)."""
+        it is shared, so every replica reports the same), None when it did not answer in time:
+        its two gauges are then left out, not reported as 0."""
         self.gauges.index_lag = index_lag
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -208,20 +209,21 @@ class _Gauges(Collector):
     def __init__(self, recalls: BoundedRuns, engine: object | None) -> None:
         self.recalls = recalls
         self.engine = engine
-        self.index_lag = (0, 0.0)  # set by Metrics.page before each scrape
+        self.index_lag: tuple[int, float] | None = (0, 0.0)  # set by Metrics.page per scrape
 
     def collect(self) -> Iterator[Metric]:
-        waiting, oldest = self.index_lag
-        yield GaugeMetricFamily(
-            f"{PREFIX}index_waiting_users",
-            "users with writes no index run has started on yet (debounce or queue)",
-            value=waiting,
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}index_oldest_wait_seconds",
-            "how long the oldest write not yet in an index run has waited (0: none)",
-            value=oldest,
-        )
+        if self.index_lag is not None:
+            waiting, oldest = self.index_lag
+            yield GaugeMetricFamily(
+                f"{PREFIX}index_waiting_users",
+                "users with writes no index run has started on yet (debounce or queue)",
+                value=waiting,
+            )
+            yield GaugeMetricFamily(
+                f"{PREFIX}index_oldest_wait_seconds",
+                "how long the oldest write not yet in an index run has waited (0: none)",
+                value=oldest,
+            )
         yield GaugeMetricFamily(
             f"{PREFIX}recall_slots_in_use",
             "recall slots held (RECALL_CONCURRENCY is the limit)",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
+from contextlib import suppress
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -361,6 +363,14 @@ class Settings(BaseSettings):
             max_turns=self.max_turns, max_text_chars=self.max_text_chars, redactor=redactor
         )
 
+    def secrets(self) -> list[str]:
+        """What the log must never show (recall/logs.py takes them out of every record): the
+        keys, and DATABASE_URL's password as written and decoded."""
+        found = [self.ingest_key, self.metrics_token]
+        if self.database_url:
+            found += _url_passwords(self.database_url)
+        return [secret for secret in found if secret]
+
     def problems(self) -> list[str]:
         """Reasons this configuration must not serve; empty when it may."""
         found = []
@@ -403,6 +413,15 @@ class Settings(BaseSettings):
             found += self._public_url_problems()
         if self.store == "postgres" and not self.database_url:
             found.append("STORE=postgres requires DATABASE_URL")
+        if self.store != "postgres" and self.database_url:
+            # Each replica would keep its own files, and forget what the others were told.
+            found.append(
+                "DATABASE_URL is set but STORE is files: set STORE=postgres to serve from the "
+                "database, or unset DATABASE_URL"
+            )
+        if self.store == "postgres" and self.database_url and not _readable_url(self.database_url):
+            # Never quoted: libpq's own message holds the password (the pool would log it).
+            found.append(URL_UNREADABLE)
         if self.store == "postgres" and self.engine == "funes":
             found.append("ENGINE=funes reads files: it works with STORE=files only")
         return found
@@ -442,6 +461,35 @@ def load_settings() -> Settings:
         first = exc.errors()[0]
         message = first["msg"].removeprefix("Value error, ")  # our validators' own words
         raise ConfigError(f"bad setting {str(first['loc'][0]).upper()}: {message}") from exc
+
+
+URL_UNREADABLE = (
+    "DATABASE_URL is not a PostgreSQL connection URL: percent-encode the password's reserved "
+    "characters (@ : / ? # and % itself, as %25)"
+)
+
+
+def _url_passwords(url: str) -> list[str]:
+    """A connection string's password, as written and percent-decoded, whether or not libpq can
+    parse it (a URL's userinfo; a key/value string's password=)."""
+    found = []
+    with suppress(ValueError):
+        if (password := urlsplit(url).password) is not None:
+            found += [password, unquote(password)]
+    if (match := re.search(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", url)) is not None:
+        found += [match[1], match[1].strip("'")]
+    return found
+
+
+def _readable_url(url: str) -> bool:
+    """Whether libpq can parse the connection string (psycopg only with STORE=postgres)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(url)
+    except Exception:  # libpq's ProgrammingError, or anything else: unusable either way
+        return False
+    return True
 
 
 def _is_loopback_address(host: str) -> bool:

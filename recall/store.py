@@ -48,6 +48,12 @@ class Store(Protocol):
 
     async def close(self) -> None: ...
 
+    async def refused(self) -> str:
+        """Waits until the store refuses to serve for good after its start (the database came
+        back with a role or schema this server must not serve from); why, in one line. The files
+        store never does."""
+        ...
+
     async def ready(self) -> str | None:
         """None when requests can succeed, else the failing check's name ("data_dir",
         "database", "engine", ...) for GET /readyz."""

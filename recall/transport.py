@@ -12,15 +12,17 @@ and MAX_CONNECTIONS is checked against the open-files limit at start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
+import sys
 import time
 from typing import ClassVar
 
 import h11
 import uvicorn
 from starlette.requests import Request
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from recall.settings import Settings
@@ -35,15 +37,35 @@ ACCEPT_BACKLOG = 128
 DESCRIPTOR_HEADROOM = 100
 LOG_INTERVAL = 10.0  # seconds: under a flood, one warning line per interval
 OUT_OF_FILES = "socket.accept() out of system resource"  # asyncio's message
+STARTUP_FAILURE = 3  # uvicorn's exit status for a start that failed; ours for a refused database
 
 
-def serve(app: ASGIApp, settings: Settings) -> None:
-    """Run the app under uvicorn with the bounds from settings (after fit_descriptor_limit)."""
+class Refusal:
+    """Why this server stops serving for good: its database refused it, at start or later (a
+    replica started during an outage). Said once, in one line; the process then exits with
+    STARTUP_FAILURE, as uvicorn's own failed start does, and no traceback."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.server: uvicorn.Server | None = None
+
+    def refuse(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            log.error("not serving: %s", reason)
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+def serve(app: ASGIApp, settings: Settings, refusal: Refusal | None = None) -> None:
+    """Run the app under uvicorn with the bounds from settings (after fit_descriptor_limit);
+    exit with STARTUP_FAILURE once ``refusal`` was refused."""
     logging.getLogger("asyncio").addFilter(OneLineWhenOutOfFiles())
     # Stateless /mcp: the SDK's "Terminating session: None" after every call says nothing.
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
-    uvicorn.run(
-        app,
+    refusal = refusal or Refusal()
+    config = uvicorn.Config(
+        _quiet_refusal(app, refusal),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
@@ -55,6 +77,30 @@ def serve(app: ASGIApp, settings: Settings) -> None:
         timeout_keep_alive=settings.keepalive_timeout,  # type: ignore[arg-type]  # a float works
         backlog=ACCEPT_BACKLOG,
     )
+    # uvicorn.run's own steps, with the server at hand: a refusal after start stops it.
+    refusal.server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        refusal.server.run()  # a failed start exits here (uvicorn: status 3)
+    if refusal.reason is not None:
+        sys.exit(STARTUP_FAILURE)
+
+
+def _quiet_refusal(app: ASGIApp, refusal: Refusal) -> ASGIApp:
+    """``app``, except that a start it failed by a refusal (already said in one line) reaches
+    uvicorn without the traceback uvicorn would log."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            return await app(scope, receive, send)
+
+        async def send_quietly(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed" and refusal.reason is not None:
+                message = {"type": message["type"], "message": ""}
+            await send(message)
+
+        return await app(scope, receive, send_quietly)
+
+    return wrapped
 
 
 def fit_descriptor_limit(max_connections: int) -> str | None:

@@ -140,8 +140,9 @@ def wait_until_indexed(base_url: str, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while True:
         answer = health(url)
-        # A server without the "indexing" field (an older one) counts as done.
-        if answer is not None and not answer.get("indexing", 0):
+        # A server without the "indexing" field (an older one) counts as done; null (its
+        # database did not say in time) does not.
+        if answer is not None and answer.get("indexing", 0) == 0:
             return
         if time.monotonic() > deadline:
             state = "was still indexing" if answer else "stopped answering /healthz"

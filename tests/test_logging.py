@@ -18,6 +18,7 @@ from test_memory_api import call
 
 from recall import logs
 from recall.logs import CONTROLS, LOG_FORMAT, JsonFormatter, TextFormatter
+from recall.settings import Settings
 
 # `<asctime> <LEVEL> <logger name> <message>`: recall/logs.py's LOG_FORMAT
 OUR_FORMAT = re.compile(
@@ -153,3 +154,41 @@ def test_a_reason_refused_again_after_the_interval_is_written_with_the_count_lef
         "request refused (401): x-ingest-key: missing or wrong",
         "request refused (400): turns: must be a non-empty list (2 more since its last line)",
     ]
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_no_written_line_holds_a_password_or_key_whatever_a_library_quotes(
+    log_format: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the server's logging, with a DATABASE_URL whose password libpq cannot parse
+    password = "Tr0ub4dor%zz3-horse"
+    ingest_key = secrets.token_hex(16)
+    url = f"postgresql://recall_app:{password}@db.internal:5432/recall"
+    settings = Settings(
+        INGEST_KEY=ingest_key, STORE="postgres", DATABASE_URL=url, AUTH_TOKENS_FILE="t.json"
+    )
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        root.handlers = []  # pytest's own: basicConfig adds ours only to a root without any
+        logs.configure_logging("INFO", log_format, settings.secrets())
+        # When libraries quote it: psycopg_pool the token libpq quotes, a URL, a connection
+        # string, a traceback
+        pool = logging.getLogger("psycopg.pool")
+        pool.warning(
+            "error connecting in %r: invalid percent-encoded token: %r", "recall", password
+        )
+        pool.warning("cannot connect to %s", url.replace("db.internal", "other.internal"))
+        pool.warning("dsn host=db password=%s user=recall_app", "an0ther-secret")
+        try:
+            raise ValueError(f"bad key {ingest_key} in {url}")
+        except ValueError:
+            logging.getLogger("uvicorn.error").exception("failed")
+    finally:
+        root.handlers, root.level = saved[0], saved[1]
+    # Then no line holds the password, any part of the key or the connection string's password
+    written = capsys.readouterr().err
+    assert len(written.splitlines()) == 4, written
+    for secret in (password, "Tr0ub4dor", ingest_key, "an0ther-secret"):
+        assert secret not in written
+    assert written.count("[redacted]") >= 5

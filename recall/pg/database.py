@@ -8,13 +8,21 @@ A fault of the connection (refused, cut, the server shutting down or out of conn
 wait that ran out) is `StoreUnavailable`: the routes answer 503, the tool fails soft. Anything
 else (a serialization failure, a deadlock, NOWAIT's or a timeout's refusal, a constraint) is not
 the database being away and passes as psycopg raised it.
+
+Nothing is served from the database before its role and schema passed the check (`verify`) on a
+connection: at start when it answers (`start`), else on the first connection that succeeds later,
+whichever use draws it (a request, /readyz, an index claim). Until then every use waits for that
+check; once it failed, every use is refused (`DatabaseRefused`) and `refusal()` says why.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -23,10 +31,14 @@ from pgvector.psycopg import register_vector_async
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from recall.pg.schema import USER_SETTING
+from recall.pg.schema import USER_SETTING, check_schema
+from recall.settings import URL_UNREADABLE, ConfigError
 from recall.store import StoreUnavailable
 
+log = logging.getLogger("recall.pg.database")
+
 UNREACHABLE = "database unreachable"
+REFUSED = "database refused: this server does not serve from it (see the log)"
 WAIT_SECONDS = 5.0  # a request waits this long for a connection, then 503
 CHECK_SECONDS = 2.0  # /readyz answers sooner than a request gives up
 CONNECT_SECONDS = 5  # one connection attempt (a host that drops packets never refuses)
@@ -40,11 +52,34 @@ RECONNECT_SECONDS = 4.0
 FRESH_SECONDS = 1.0
 
 Connection = psycopg.AsyncConnection[Any]
+Verify = Callable[[Connection], Awaitable[None]]  # ConfigError when not to serve from it
+
+# What the server says when it refuses a connection for a reason no retry mends: a wrong password
+# or role, no such database, no way in for this role (SQLSTATE 28000, 28P01, 3D000, 42501). libpq
+# gives no SQLSTATE for a failed connection, only the server's FATAL line (or its own line when
+# the server asked for a password and the URL has none). Anything else is an outage.
+MISCONFIGURED = re.compile(
+    r"FATAL:\s+(?P<fatal>(?:\w+ )?authentication failed.*|database .* does not exist|"
+    r"role .* does not exist|no pg_hba\.conf entry.*|role .* is not permitted to log in|"
+    r"permission denied for database.*)|(?P<libpq>fe_sendauth: no password supplied)"
+)
+
+
+class DatabaseRefused(StoreUnavailable):
+    """The database answered, and this server must not serve from it (its role or schema
+    failed the check): every use is refused, as when it is away (503, the tool fails soft)."""
 
 
 class Database:
-    def __init__(self, url: str, size: int) -> None:
+    def __init__(self, url: str, size: int, verify: Verify | None = check_schema) -> None:
+        """``verify``: run on a connection before anything else is (None: nothing to check)."""
         self.where = _where(url)
+        self._url = url
+        self._verify = verify
+        self._verified = verify is None
+        self._verifying = asyncio.Lock()
+        self._refused = asyncio.Event()
+        self.refused: str | None = None  # why, once the check failed
         self._pool = AsyncConnectionPool(
             url,
             min_size=1,
@@ -68,6 +103,43 @@ class Database:
         """Start the pool without waiting for a connection: the server starts while the
         database is down, and requests succeed once it is up."""
         await self._pool.open(wait=False)
+
+    async def start(self) -> None:
+        """A replica's start: one connection of its own first. ConfigError, in one line, when
+        the database answers and refuses us for good (authentication, no such database: a
+        misconfiguration) or the check refuses it: the pool is then never opened. When it does
+        not answer (an outage), the pool opens all the same and the check waits for the first
+        connection that succeeds."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self._url, autocommit=True, connect_timeout=CONNECT_SECONDS
+            )
+        except psycopg.ProgrammingError:  # libpq's parse errors quote the URL: never shown
+            raise ConfigError(URL_UNREADABLE) from None
+        except psycopg.OperationalError as exc:
+            if (reason := misconfigured(exc)) is not None:
+                raise ConfigError(
+                    f"DATABASE_URL: the database refused the connection: {reason}; check the "
+                    "role, its password and the database name"
+                ) from exc
+            log.warning(
+                "database unreachable at start (%s): requests answer 503 and /readyz "
+                '"database" until it answers; its role and schema are checked then',
+                _first_line(exc),
+            )
+        else:
+            async with conn:
+                try:
+                    await self._checked(conn)
+                except DatabaseRefused:
+                    raise ConfigError(self.refused) from None
+        await self.open()
+
+    async def refusal(self) -> str:
+        """Waits until the check refused the database (never, while it has not); why."""
+        await self._refused.wait()
+        assert self.refused is not None
+        return self.refused
 
     async def close(self) -> None:
         await self._pool.close()
@@ -105,10 +177,16 @@ class Database:
             yield conn
 
     async def check(self) -> str | None:
-        """None when the database answers, else "database" (GET /readyz)."""
+        """None when the database answers, "database" when it does not, "schema" when its
+        role or schema was refused (GET /readyz)."""
+        if self.refused is not None:
+            return "schema"
         try:
             async with self._pool.connection(timeout=CHECK_SECONDS) as conn:
+                await self._checked(conn)
                 await conn.execute("SELECT 1")
+        except DatabaseRefused:
+            return "schema"
         except (psycopg.Error, PoolTimeout):
             return "database"
         return None
@@ -157,15 +235,35 @@ class Database:
     async def _begin(self, opening: sql.Composable) -> tuple[Connection, psycopg.AsyncCursor[Any]]:
         """A pooled connection with ``opening`` run on it. One the database cut since its last
         use (a restart) fails right there, before any work: it is replaced, once."""
+        if self.refused is not None:
+            raise DatabaseRefused(REFUSED)
         for retry in (True, False):
             conn = await self._pool.getconn()
             try:
+                await self._checked(conn)
                 return conn, await conn.execute(opening)
             except BaseException as exc:
                 await self._pool.putconn(conn)  # a cut one is discarded
                 if not (retry and isinstance(exc, psycopg.OperationalError) and _away(exc)):
                     raise
         raise AssertionError("unreachable")
+
+    async def _checked(self, conn: Connection) -> None:
+        """The role and schema check on ``conn``, once: the first use after start waits for it
+        (one at a time; later ones find it done). DatabaseRefused once it failed."""
+        if self._verified:
+            return
+        async with self._verifying:
+            if self.refused is None and not self._verified and self._verify is not None:
+                try:
+                    await self._verify(conn)
+                except ConfigError as exc:
+                    self.refused = str(exc)
+                    self._refused.set()
+                else:
+                    self._verified = True
+        if self.refused is not None:
+            raise DatabaseRefused(REFUSED)
 
     async def _check(self, conn: Connection) -> None:
         """At checkout: a connection idle for long is pinged first (one found cut is replaced
@@ -207,6 +305,21 @@ def _check_committed(cur: psycopg.AsyncCursor[Any]) -> None:
         raise psycopg.errors.InFailedSqlTransaction(
             "the transaction was rolled back at its end (a statement in it failed)"
         )
+
+
+def misconfigured(exc: psycopg.OperationalError) -> str | None:
+    """What the server said when it refused a connection for good (its own words: they name a
+    role or a database, never a password), or None when the failure is an outage."""
+    if exc.sqlstate in ("28000", "28P01", "3D000", "42501"):
+        return _first_line(exc)
+    if match := MISCONFIGURED.search(str(exc)):
+        return (match["fatal"] or match["libpq"]).strip()
+    return None
+
+
+def _first_line(exc: psycopg.Error) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _where(url: str) -> str:

@@ -53,10 +53,10 @@ from recall.lifecycle import (
 )
 from recall.pg.database import Database, xact_lock
 from recall.pg.index import IndexRunner, drop_conversation, drop_user_index, index_lock
-from recall.pg.schema import check_schema, key_id
+from recall.pg.schema import key_id
 from recall.pg.search import PgSearch
-from recall.settings import ConfigError, Settings
-from recall.store import AuditLine, Mark, MemoryState, Receipt, StoreUnavailable, Turn
+from recall.settings import Settings
+from recall.store import AuditLine, Mark, MemoryState, Receipt, Turn
 
 log = logging.getLogger("recall.pg.store")
 
@@ -168,7 +168,6 @@ class PgStore:
         self.search = search
         self._keys: dict[str, bytes] = {}  # key_id -> key: never change once made
         self._current: tuple[str, bytes] | None = None  # the key new tombstones are made under
-        self._schema_checked = False
 
     def describe(self) -> str:
         return f"embedded ranking on the postgres store, database {self.database.where}"
@@ -176,22 +175,16 @@ class PgStore:
     # --- life ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the pool and check the schema; ConfigError when this server cannot serve from
-        it. A database that is down does not keep the replica from starting: the check then
-        waits for /readyz (`ready`), which fails until it passed."""
-        await self.database.open()
-        try:
-            await self._check_schema()
-        except StoreUnavailable:
-            log.warning("database unreachable at start; the schema is checked once it answers")
+        """Connect and check the role and schema (Database.start); ConfigError when this server
+        must not serve from the database (the pool is then not opened). A database that is down
+        does not keep the replica from starting: the check waits for its first connection, and
+        nothing is served before it passed."""
+        await self.database.start()
         if self.runner is not None:
             await self.runner.start()
 
-    async def _check_schema(self) -> None:
-        if not self._schema_checked:
-            async with self.database.system() as conn:
-                await check_schema(conn)
-            self._schema_checked = True
+    async def refused(self) -> str:
+        return await self.database.refusal()
 
     async def close(self) -> None:
         if self.runner is not None:
@@ -201,16 +194,7 @@ class PgStore:
         await self.database.close()
 
     async def ready(self) -> str | None:
-        if failed := await self.database.check():
-            return failed
-        try:
-            await self._check_schema()
-        except StoreUnavailable:
-            return "database"
-        except ConfigError as exc:
-            log.error("database not served: %s", exc)
-            return "schema"
-        return None
+        return await self.database.check()
 
     async def indexing(self) -> int:
         async with self.database.system() as conn:
