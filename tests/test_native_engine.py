@@ -168,6 +168,21 @@ async def test_a_crash_of_the_engine_child_answers_unavailable_and_the_next_call
     assert "EngineCrashed" in server.log()
 
 
+def test_the_engine_child_exits_when_its_server_is_killed(tmp_path: Path) -> None:
+    # Given a server on the multilingual model (files store: the child is the same on both)
+    server = make_server(tmp_path, ENGINE="embedded", EMBED_MODEL=MULTILINGUAL).start()
+    try:
+        assert server.process is not None
+        child = engine_child(server.process.pid)
+        # When the server is killed outright, with no chance to stop its child
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        # Then the child sees its input end and exits: no orphan holding a model
+        wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, 10)
+    finally:
+        server.stop()
+
+
 # --- the engine itself, and what we hand it ---------------------------------------------------
 
 
