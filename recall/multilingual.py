@@ -22,8 +22,8 @@ conversations are indexed.
 
 The child lives as long as its parent: its stdin closes when the parent exits, and it exits at
 the end of its input. It is in its parent's process group, so killing an index worker's group
-kills its engine too. Measured on the 2-core test machine: the hop adds about 0.1 ms a query
-(benchmark/README.md is not needed for it: ``tests/test_native_engine.py`` prints the figure).
+kills its engine too. What the hop costs a query: ``python -m benchmark.engine_hop``
+(benchmark/README.md, "Other languages").
 
 e5 models were trained with a prefix saying which side a text is on: queries are embedded as
 ``query: <text>`` and passages as ``passage: <text>`` (the engine adds both).
@@ -88,7 +88,7 @@ class _Child:
             if "error" in hello:  # the child's own words: the package or the model file missing
                 raise ModelUnavailable(str(hello["error"]))
             self.dim, self.fingerprint = int(hello["dim"]), str(hello["fingerprint"])
-        except (OSError, ValueError, KeyError, TypeError, TimeoutError) as exc:
+        except (OSError, EOFError, ValueError, KeyError, TypeError, TimeoutError) as exc:
             self.kill()
             if isinstance(exc, ModelUnavailable):
                 raise

@@ -29,7 +29,7 @@ from conftest import Backing, Server, conversation, make_server, wait_for
 from test_memory_api import as_user
 
 from recall.conversations import parse_conversation, write_conversation
-from recall.embedder import MAX_ENGINE_CHARS, MULTILINGUAL, engine_text
+from recall.embedder import MAX_ENGINE_CHARS, MULTILINGUAL, ModelUnavailable, engine_text
 from recall.engines.base import UNAVAILABLE
 from recall.engines.embedded.engine import RunStop, index_sources
 from recall.engines.embedded.store import connect, db_path
@@ -231,6 +231,12 @@ def crashing() -> Iterator[E5Embedder]:
     embedder = E5Embedder(argv=[sys.executable, str(CRASHING_ENGINE)])
     yield embedder
     embedder.close()
+
+
+def test_an_engine_child_that_exits_before_it_is_ready_is_a_model_error_not_a_crash() -> None:
+    # A server whose engine cannot start refuses to start with a configuration error (OSError)
+    with pytest.raises(ModelUnavailable, match="did not start"):
+        E5Embedder(argv=[sys.executable, "-c", "pass"])
 
 
 def test_a_batch_that_crashes_the_engine_is_embedded_text_by_text_and_the_culprit_gets_no_vector(
