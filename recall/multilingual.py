@@ -130,8 +130,9 @@ class _Child:
             self.proc.kill()
         self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                pipe and pipe.close()
+            if pipe is not None:
+                with contextlib.suppress(OSError):  # a write end the child left with data unread
+                    pipe.close()
 
 
 class E5Embedder:
