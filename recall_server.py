@@ -75,7 +75,7 @@ from recall.engines.base import (
     EngineError,
     Recalled,
 )
-from recall.files_store import FilesStore
+from recall.files_store import FilesStore, hold_data_dir
 from recall.lifecycle import (
     Forgotten,
     NotFound,
@@ -89,7 +89,7 @@ from recall.metrics import Metrics, recall_timed_out
 from recall.reading import checked_turns
 from recall.settings import ConfigError, Settings, load_settings, settings_help
 from recall.store import AuditLine, Mark, Store, StoreUnavailable
-from recall.transport import BodyTooLarge, fit_descriptor_limit, read_limited, serve
+from recall.transport import BodyTooLarge, fit_descriptor_limit, port_taken, read_limited, serve
 
 log = logging.getLogger("recall")
 REFUSALS = Refusals(log)  # why requests were refused: each reason at INFO, rate-limited
@@ -592,6 +592,13 @@ def main() -> None:
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
     configure_logging(settings.log_level, settings.log_format)
+    # Before anything starts (the model, the lifespan): a taken port or DATA_DIR, in one line.
+    if taken := port_taken(settings.host, settings.port):
+        sys.exit(f"recall-server: {taken}")
+    try:  # held until the process exits; only the files store lives in one process
+        owned = hold_data_dir(settings.data_dir, "server") if settings.store == "files" else None
+    except ConfigError as exc:
+        sys.exit(f"recall-server: {exc}")
     try:
         app = create_app(settings)
     except ConfigError as exc:
@@ -604,6 +611,8 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     serve(app, settings)
+    if owned is not None:
+        os.close(owned)  # DATA_DIR is free for the next server or backfill
 
 
 if __name__ == "__main__":
