@@ -74,6 +74,7 @@ from recall.engines.base import (
     UNAVAILABLE,
     EngineError,
     Recalled,
+    still_indexing,
 )
 from recall.files_store import FilesStore, hold_data_dir
 from recall.lifecycle import (
@@ -534,6 +535,8 @@ def create_app(settings: Settings) -> Starlette:
             return failed_soft(user, "recall", exc)
         seconds = time.monotonic() - started
         log.info("recall for user %s in %.3fs", user, seconds, extra=user_fields(user, seconds))
+        if state == "behind":  # what the due run has not read yet is no "nothing" as a fact
+            found = still_indexing(found)
         found = found.cut(settings.max_result_chars)
         return found if found.text else Recalled(NOTHING_FOUND)
 

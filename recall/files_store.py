@@ -224,7 +224,7 @@ class FilesStore:
     async def state(self, user: str) -> MemoryState:
         home = self.home(user)
         if self.engine.has_memory(home):
-            return "ready"
+            return "behind" if self.scheduler.due(home) else "ready"
         if not source_files(home):
             return "none"
         # No run has ever finished for this engine: the first is on its way, nothing is lost.
