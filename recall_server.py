@@ -74,8 +74,9 @@ from recall.engines.base import (
     UNAVAILABLE,
     EngineError,
     Recalled,
+    still_indexing,
 )
-from recall.files_store import FilesStore
+from recall.files_store import FilesStore, hold_data_dir
 from recall.lifecycle import (
     Forgotten,
     NotFound,
@@ -89,7 +90,14 @@ from recall.metrics import Metrics, recall_timed_out
 from recall.reading import checked_turns
 from recall.settings import ConfigError, Settings, load_settings, settings_help
 from recall.store import AuditLine, Mark, Store, StoreUnavailable
-from recall.transport import BodyTooLarge, Refusal, fit_descriptor_limit, read_limited, serve
+from recall.transport import (
+    BodyTooLarge,
+    Refusal,
+    fit_descriptor_limit,
+    port_taken,
+    read_limited,
+    serve,
+)
 
 log = logging.getLogger("recall")
 REFUSALS = Refusals(log)  # why requests were refused: each reason at INFO, rate-limited
@@ -551,6 +559,8 @@ def create_app(settings: Settings) -> Starlette:
             return failed_soft(user, "recall", exc)
         seconds = time.monotonic() - started
         log.info("recall for user %s in %.3fs", user, seconds, extra=user_fields(user, seconds))
+        if state == "behind":  # what the due run has not read yet is no "nothing" as a fact
+            found = still_indexing(found)
         found = found.cut(settings.max_result_chars)
         return found if found.text else Recalled(NOTHING_FOUND)
 
@@ -611,6 +621,13 @@ def main() -> None:
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
     configure_logging(settings.log_level, settings.log_format, settings.secrets())
+    # Before anything starts (the model, the lifespan): a taken port or DATA_DIR, in one line.
+    if taken := port_taken(settings.host, settings.port):
+        sys.exit(f"recall-server: {taken}")
+    try:  # held until the process exits; only the files store lives in one process
+        owned = hold_data_dir(settings.data_dir, "server") if settings.store == "files" else None
+    except ConfigError as exc:
+        sys.exit(f"recall-server: {exc}")
     try:
         app = create_app(settings)
     except ConfigError as exc:
@@ -622,7 +639,9 @@ def main() -> None:
     # about twice a minute under load (benchmark/README.md, "Load").
     gc.collect()
     gc.freeze()
-    serve(app, settings, app.state.refusal)
+    serve(app, settings, app.state.refusal)  # a refused start exits here; the lock goes with us
+    if owned is not None:
+        os.close(owned)  # DATA_DIR is free for the next server or backfill
 
 
 if __name__ == "__main__":

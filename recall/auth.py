@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Iterable
 from contextvars import ContextVar
 from urllib.parse import urlsplit
 
@@ -36,6 +38,8 @@ NO_TOKEN = "no bearer token (send Authorization: Bearer <token>)"
 # A JSON-RPC error code for "not signed in" (JSON-RPC leaves -32000 to -32099 to servers).
 UNAUTHORIZED = -32001
 WELL_KNOWN = "/.well-known/oauth-protected-resource"
+# A Host header that is a name or an address and a port, nothing else (no user info, no path).
+HOST_HEADER = re.compile(r"(?P<name>\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::(?P<port>[0-9]{1,5}))?")
 
 
 def refuse(reason: str) -> None:
@@ -202,7 +206,11 @@ def build_verifier(settings: Settings) -> AuthProvider:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         log.warning("JWT_ISSUER is not an http(s) URL: no sign-in discovery at %s", WELL_KNOWN)
         return verifier
-    return SignInDiscovery(verifier, issuer, origin)
+    # On loopback without PUBLIC_URL, a client may reach the server by any name it serves
+    # (localhost or 127.0.0.1): the document names the one the request came by, else the MCP
+    # SDK refuses a resource whose origin is not the one it connected to.
+    vouched = [] if settings.public_url else [h for h in settings.host_allowlist() if "*" not in h]
+    return SignInDiscovery(verifier, issuer, origin, vouched)
 
 
 class SignInDiscovery(RemoteAuthProvider):
@@ -210,13 +218,35 @@ class SignInDiscovery(RemoteAuthProvider):
     Resource Metadata (RFC 9728) naming this server's /mcp and JWT_ISSUER as where to sign in,
     at the path RFC 9728 gives for /mcp and at the bare well-known path that clients try too.
     The document carries JWT_ISSUER exactly as set (pydantic's URL type would add a "/", and
-    an issuer is compared exactly)."""
+    an issuer is compared exactly).
 
-    def __init__(self, verifier: TokenVerifier, issuer: str, origin: str) -> None:
+    The resource's origin is ``origin`` (PUBLIC_URL, or http://HOST:PORT on loopback), or the
+    one a request came by when its Host header names one of ``vouched`` (the names served on
+    loopback without PUBLIC_URL): never any other Host's."""
+
+    def __init__(
+        self, verifier: TokenVerifier, issuer: str, origin: str, vouched: Iterable[str] = ()
+    ) -> None:
         super().__init__(
             verifier, [AnyHttpUrl(issuer)], base_url=origin, resource_name="recall-server"
         )
         self.issuer = issuer
+        self.origin = origin
+        self.vouched = {name.lower() for name in vouched}
+
+    def origin_for(self, host: str | None) -> str:
+        """The origin to name for a request with this Host header."""
+        found = HOST_HEADER.fullmatch((host or "").lower())
+        if not found or found["name"] not in self.vouched:
+            return self.origin
+        port = found["port"]
+        if port is not None and not 0 < int(port) < 65536:
+            return self.origin
+        return f"http://{found['name']}" + (f":{int(port)}" if port else "")
+
+    def resource(self, host: str | None) -> str:
+        """The protected resource (/mcp) as a request with this Host header reaches it."""
+        return str(AnyHttpUrl(self.origin_for(host) + MCP_PATH))
 
     def get_routes(self, mcp_path: str | None = None) -> list[Route]:
         super().get_routes(mcp_path)  # FastMCP's hook: the provider learns the resource URL
@@ -231,18 +261,18 @@ class SignInDiscovery(RemoteAuthProvider):
         if self.scopes_supported:
             document["scopes_supported"] = self.scopes_supported
 
-        async def metadata(_: Request) -> JSONResponse:
-            return JSONResponse(document, headers={"Cache-Control": "public, max-age=3600"})
+        async def metadata(request: Request) -> JSONResponse:
+            named = {**document, "resource": self.resource(request.headers.get("host"))}
+            return JSONResponse(named, headers={"Cache-Control": "public, max-age=3600"})
 
         endpoint = cors_middleware(metadata, ["GET", "OPTIONS"])  # browser clients read it too
         paths = {urlsplit(str(build_resource_metadata_url(resource))).path, WELL_KNOWN}
         return [Route(path, endpoint, methods=["GET", "OPTIONS"]) for path in sorted(paths)]
 
-    def metadata_url(self) -> str:
-        """Where the 401's WWW-Authenticate points (RFC 9728's path for /mcp)."""
-        resource = self._get_resource_url(MCP_PATH)
-        assert resource is not None
-        return str(build_resource_metadata_url(resource))
+    def metadata_url(self, host: str | None = None) -> str:
+        """Where the 401's WWW-Authenticate points (RFC 9728's path for /mcp), for a request
+        with this Host header."""
+        return str(build_resource_metadata_url(AnyHttpUrl(self.resource(host))))
 
 
 class TokenFirst:
@@ -254,7 +284,7 @@ class TokenFirst:
 
     def __init__(self, app: ASGIApp, auth: AuthProvider, refusals: Refusals) -> None:
         self.app = app
-        self.metadata = auth.metadata_url() if isinstance(auth, SignInDiscovery) else None
+        self.discovery = auth if isinstance(auth, SignInDiscovery) else None
         self.refusals = refusals
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -276,16 +306,20 @@ class TokenFirst:
         if not mcp:
             await self.app(scope, receive, send)
             return
-        await self.challenge(offered, reason)(scope, receive, send)
+        metadata = None
+        if self.discovery is not None:
+            host = next((v for k, v in scope.get("headers", []) if k == b"host"), b"")
+            metadata = self.discovery.metadata_url(host.decode("latin-1"))
+        await self.challenge(offered, reason, metadata)(scope, receive, send)
 
-    def challenge(self, offered: bool, reason: str) -> JSONResponse:
+    def challenge(self, offered: bool, reason: str, metadata: str | None) -> JSONResponse:
         # RFC 6750 3.1: no error attribute when no token came; invalid_token when one was refused.
         parts = [f'error="invalid_token", error_description="{reason}"'] if offered else []
-        if self.metadata:
-            parts.append(f'resource_metadata="{self.metadata}"')
+        if metadata:
+            parts.append(f'resource_metadata="{metadata}"')
         message = f"Unauthorized: {REFUSED if offered else ''}{reason}"
-        if self.metadata:
-            message += f"; where to sign in: {self.metadata}"
+        if metadata:
+            message += f"; where to sign in: {metadata}"
         body = {"jsonrpc": "2.0", "id": None, "error": {"code": UNAUTHORIZED, "message": message}}
         challenge = "Bearer" + (" " + ", ".join(parts) if parts else "")
         return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": challenge})

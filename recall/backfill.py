@@ -7,7 +7,8 @@ tombstones included (a forgotten turn stays out; a body with only forgotten turn
 counted), then each user's index is brought up to date in batches, so the progress bar moves and
 an interrupted import resumes where it stopped. What it creates is the owner's only, as the
 server's files are. Run it while the server for this DATA_DIR is
-stopped: a server started afterwards sees the sources already indexed.
+stopped (it holds DATA_DIR as a server does, and a server cannot start beside it, nor it beside a
+server): a server started afterwards sees the sources already indexed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from recall.conversations import (
 )
 from recall.engines import make_engine
 from recall.engines.base import Engine, EngineError
+from recall.files_store import hold_data_dir
 from recall.lifecycle import Forgotten, admit_for
 from recall.scheduler import index_and_mark
 from recall.settings import ConfigError, Settings, load_settings
@@ -162,15 +164,28 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:  # one owner per DATA_DIR: not beside a server (or another backfill) using it
+        owned = hold_data_dir(settings.data_dir, "backfill")
+    except ConfigError as exc:
+        print(f"recall-server backfill: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _import(args.source, settings)
+    finally:
+        os.close(owned)
+
+
+def _import(source: Path, settings: Settings) -> int:
+    """Load, validate, write and index, with DATA_DIR held; the exit status."""
     try:
         limits = settings.limits()
     except ConfigError as exc:
         print(f"recall-server backfill: {exc}", file=sys.stderr)
         return 2
     try:
-        conversations, refused = load(args.source, limits)
+        conversations, refused = load(source, limits)
     except (OSError, UnicodeDecodeError) as exc:
-        print(f"recall-server backfill: {args.source}: cannot read ({exc})", file=sys.stderr)
+        print(f"recall-server backfill: {source}: cannot read ({exc})", file=sys.stderr)
         return 2
     for reason in refused:
         print(f"refused {reason}", file=sys.stderr)

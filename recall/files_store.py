@@ -9,7 +9,9 @@ the file work on the server's write threads.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -49,6 +51,43 @@ def prepare_data_dir(data_dir: Path) -> None:
         raise ConfigError(f"DATA_DIR {data_dir}: cannot be created ({exc.strerror})") from exc
     if not data_dir_writable(data_dir):
         raise ConfigError(f"DATA_DIR {data_dir}: cannot be written by this user")
+
+
+# One owner per DATA_DIR: the index queue, the debounce and the user gates live in one process,
+# so a second server or a backfill beside it would run index runs and forgets under its feet.
+DATA_DIR_LOCK = ".recall-server.lock"  # a dot: no user directory (lifecycle.user_homes)
+
+
+class DataDirTaken(ConfigError):
+    """Another recall-server process (a server or a backfill) holds DATA_DIR."""
+
+
+def hold_data_dir(data_dir: Path, what: str) -> int:
+    """Take DATA_DIR for this process (``what``: "server" or "backfill") until it exits: an
+    exclusive lock on DATA_DIR/.recall-server.lock, which the kernel lets go with the process,
+    so a crash leaves nothing to clean up. The descriptor to keep open; DataDirTaken, one line,
+    when another holds it; ConfigError as prepare_data_dir."""
+    prepare_data_dir(data_dir)
+    path = data_dir / DATA_DIR_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise ConfigError(
+            f"DATA_DIR {data_dir}: cannot open {DATA_DIR_LOCK} ({exc.strerror})"
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").split()
+        os.close(fd)
+        who = f" (a {holder[0]}, pid {holder[1]})" if len(holder) == 2 else ""
+        raise DataDirTaken(
+            f"DATA_DIR {data_dir} is in use by another recall-server{who}: one server (or "
+            "backfill) per data directory; stop it first, or give this one another DATA_DIR"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{what} {os.getpid()}\n".encode(), 0)
+    return fd
 
 
 class FilesStore:
@@ -190,7 +229,7 @@ class FilesStore:
     async def state(self, user: str) -> MemoryState:
         home = self.home(user)
         if self.engine.has_memory(home):
-            return "ready"
+            return "behind" if self.scheduler.due(home) else "ready"
         if not source_files(home):
             return "none"
         # No run has ever finished for this engine: the first is on its way, nothing is lost.

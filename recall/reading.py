@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from recall import audit
-from recall.conversations import REF, conversation_ref, is_recalled
+from recall.conversations import REF, REF_CHARS, conversation_ref, is_recalled
 from recall.engines.base import OUTCOMES, Passage, Recalled
 from recall.store import Store, Turn
 
@@ -145,5 +145,13 @@ def entry(
     line = {key: value for key, value in audit.entry(client, "", answer).items() if key != "query"}
     if not answer.passages:  # the search's fail-soft outcomes, or no turn of the user's to show
         line["outcome"] = OUTCOMES.get(answer.text, "not_found")
-    read = {"ref": ref, "from_turn": from_turn, "to_turn": to_turn}
+    read = {"ref": audited_ref(ref), "from_turn": from_turn, "to_turn": to_turn}
     return {**line, "tool": READ_TOOL, "read": read}
+
+
+def audited_ref(ref: str) -> str:
+    """The ref as the audit records it: whole when it is one (12 hex digits) or as short; else
+    its start, cut, so that an agent's argument of any size cannot fill the user's audit."""
+    if len(ref) <= REF_CHARS or REF.fullmatch(ref):
+        return ref
+    return ref[:REF_CHARS] + ELLIPSIS

@@ -62,6 +62,11 @@ class IndexScheduler:
         """Users with an index run due or going on: 0 once every write so far went through a run."""
         return sum(1 for state in self._users.values() if state.task and not state.task.done())
 
+    def due(self, home: Path) -> bool:
+        """Whether this user has an index run due or going on (a write not in the index yet)."""
+        state = self._users.get(home)
+        return state is not None and state.task is not None and not state.task.done()
+
     def waiting(self) -> tuple[int, float]:
         """Users with writes that no run has started on yet (in the debounce or queued for a run
         slot), and how many seconds the oldest of those writes has waited (0 when none): how far

@@ -24,7 +24,7 @@ Turn = dict[str, Any]  # one stored line, funes format 1
 Receipt = dict[str, Any]
 AuditLine = dict[str, Any]
 Mark = Any  # what `mark` returns and `erased_since` compares: opaque to the server
-MemoryState = Literal["none", "pending", "unindexed", "ready"]
+MemoryState = Literal["none", "pending", "unindexed", "behind", "ready"]
 
 
 class StoreUnavailable(Exception):
@@ -144,7 +144,8 @@ class Store(Protocol):
     async def state(self, user: str) -> MemoryState:
         """ "none": nothing stored; "pending": stored, and no index run has finished yet (the
         first is on its way); "unindexed": stored, but the index that was built cannot be read
-        (gone, corrupt, built by another model): a loss; "ready"."""
+        (gone, corrupt, built by another model): a loss; "behind": searchable, and an index run
+        is due or going (the latest writes may not be searchable yet); "ready"."""
         ...
 
     async def recall(self, user: str, query: str) -> Recalled:

@@ -105,7 +105,7 @@ class LocalServer:
     def start(self, timeout: float = 60) -> LocalServer:
         """Start it and wait for /healthz, answered by this process: a port that another program
         took between free_port() and the bind (other tests, other test workers) makes the server
-        exit with "address already in use", and it starts again on another free port."""
+        exit saying the port "is already in use", and it starts again on another free port."""
         deadline = time.monotonic() + timeout
         while True:
             logged = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -118,7 +118,7 @@ class LocalServer:
             )
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    if "address already in use" not in self.log()[logged:]:
+                    if "already in use" not in self.log()[logged:]:
                         raise RuntimeError(f"server exited early:\n{self.log()}")
                     self.env["PORT"] = str(free_port())
                     break

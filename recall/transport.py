@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import resource
+import socket
 import sys
 import time
 from typing import ClassVar
@@ -101,6 +103,34 @@ def _quiet_refusal(app: ASGIApp, refusal: Refusal) -> ASGIApp:
         return await app(scope, receive, send_quietly)
 
     return wrapped
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """The one line to stop with when another program listens on PORT, checked before anything
+    starts: uvicorn found out only after "Application startup complete." and said no more than
+    "[Errno 98] ... address already in use". Binds as uvicorn's asyncio server will (each
+    address HOST names, SO_REUSEADDR, IPv6 only on IPv6), then lets go."""
+    try:
+        addresses = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError:  # a HOST that names nothing: uvicorn's own error says so
+        return None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    other = port + 1 if port < 65535 else port - 1
+                    return (
+                        f"port {port} on {host} is already in use: stop the server that holds "
+                        f"it, or choose another port with PORT (e.g. PORT={other})"
+                    )
+    return None
 
 
 def fit_descriptor_limit(max_connections: int) -> str | None:

@@ -93,7 +93,7 @@ def port_held(url: str, what: str) -> SeedError:
     port = urlsplit(url).port or 80
     return SeedError(
         f"{what} at {url}: another program holds port {port}, so a recall server started there "
-        "could not take it (its log says 'address already in use'); stop that program first"
+        "could not take it (its log says the port is already in use); stop that program first"
     )
 
 
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"a recall server was already running at {args.url} when the seeder started, "
                 "and it refuses this INGEST_KEY (401): it is an earlier server, started with "
                 "another key, and the one just started could not take its port (its log says "
-                "'address already in use'); stop the earlier server (kill its process) and "
+                "the port is already in use); stop the earlier server (kill its process) and "
                 "start again"
             ) from exc
         print(f"posted {posts} times to {args.url.rstrip('/')}/turns")

@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from recall import testing
 from recall.conversations import user_dir_name
+from recall.files_store import DATA_DIR_LOCK
 from recall.testing import LocalServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,8 +128,12 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> N
 
 
 def tree(path: Path) -> list[str]:
-    """Everything under a directory, for 'nothing was written' checks."""
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
+    """Everything under a directory, for 'nothing was written' checks; not the lock a running
+    server holds on DATA_DIR (it holds no data)."""
+    if not path.exists():
+        return []
+    found = (str(p.relative_to(path)) for p in path.rglob("*"))
+    return sorted(name for name in found if name != DATA_DIR_LOCK)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from conftest import (
     wait_for,
 )
 from fastmcp import Client
-from fastmcp.server.auth.providers.jwt import RSAKeyPair
+from fastmcp.server.auth.providers.jwt import RSAKeyPair, StaticTokenVerifier
 from joserfc import jwk, jwt
 from mcp import ClientSession
 from mcp.client.auth.utils import (
@@ -570,6 +570,45 @@ async def test_jwt_mode_tells_mcp_clients_where_to_sign_in_from_the_401_of_mcp(
     # and the bare well-known path, which clients try last, serves the same document
     status, _, root = call(server, "GET", "/.well-known/oauth-protected-resource")
     assert status == 200 and root == {k: v for k, v in document.items() if k != "url"}
+
+
+async def test_on_loopback_the_sign_in_document_names_the_origin_the_client_used(
+    jwt_server: tuple[Server, RSAKeyPair],
+) -> None:
+    # given a server on loopback without PUBLIC_URL, which serves localhost and 127.0.0.1 alike
+    server, _ = jwt_server
+    port = server.env["PORT"]
+    for origin in (f"http://localhost:{port}", f"http://127.0.0.1:{port}"):
+        # when the MCP SDK's discovery reaches /mcp by that name
+        async with httpx2.AsyncClient() as http:
+            refused = await http.post(f"{origin}/mcp", json=INITIALIZE, headers=MCP_HEADERS)
+            named = extract_resource_metadata_from_www_auth(refused)
+            document = (await http.get(f"{origin}/.well-known/oauth-protected-resource")).json()
+        # then the 401 and the document name that origin, which the SDK accepts for its /mcp
+        assert refused.status_code == 401
+        assert named == f"{origin}/.well-known/oauth-protected-resource/mcp"
+        assert document["resource"] == f"{origin}/mcp"
+        assert check_resource_allowed(f"{origin}/mcp", document["resource"])
+    # and a Host the server does not serve is refused, never named
+    async with httpx2.AsyncClient() as http:
+        foreign = await http.get(
+            f"{server.url}/.well-known/oauth-protected-resource",
+            headers={"host": "evil.example.test"},
+        )
+    assert foreign.status_code == 421 and "evil" not in foreign.text
+
+
+def test_the_sign_in_origin_is_the_requests_only_among_the_names_vouched_for() -> None:
+    discovery = SignInDiscovery(
+        StaticTokenVerifier(tokens={}), ISSUER, "http://127.0.0.1:8000", ["localhost", "[::1]"]
+    )
+    assert discovery.resource("LOCALHOST:8000") == "http://localhost:8000/mcp"
+    assert discovery.resource("[::1]:8000") == "http://[::1]:8000/mcp"
+    for host in (None, "", "evil.example.test:8000", "user@localhost:8000", "localhost:99999"):
+        assert discovery.resource(host) == "http://127.0.0.1:8000/mcp"
+    assert discovery.metadata_url("localhost:8000") == (
+        "http://localhost:8000/.well-known/oauth-protected-resource/mcp"
+    )
 
 
 def test_behind_a_proxy_the_sign_in_document_names_the_public_url(

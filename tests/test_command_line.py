@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -10,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, FakeFunes, make_server
+from conftest import ROOT, FakeFunes, conversation, make_server
 
 from recall.settings import GENERATE_KEY, Settings
 from recall.testing import free_port
@@ -18,9 +20,11 @@ from recall.testing import free_port
 LEVELS = "DEBUG, INFO, WARNING, ERROR"
 
 
-def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 360
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *argv], capture_output=True, text=True, timeout=360, env=env, cwd=ROOT
+        [sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
     )
 
 
@@ -198,7 +202,7 @@ def test_seeder_with_wait_reports_an_earlier_server_on_the_port_not_a_wrong_key(
             "seeds/seed.py", "--url", first.url, "--key", second["INGEST_KEY"], "--wait", "30"
         )
     # then it says an earlier server holds the port, in one line, not "check INGEST_KEY"
-    assert started.returncode != 0 and "address already in use" in started.stderr
+    assert started.returncode != 0 and "is already in use" in started.stderr
     assert done.returncode == 1
     assert len(done.stderr.strip().splitlines()) == 1
     assert done.stderr.startswith(f"seed.py: a recall server was already running at {first.url}")
@@ -230,7 +234,7 @@ def test_seeder_with_wait_reports_a_port_held_by_another_program_at_once(tmp_pat
     assert done.stderr.strip() == (
         f"seed.py: something answers 404, not a recall server, at {url}/healthz: another "
         f"program holds port {port}, so a recall server started there could not take it (its "
-        "log says 'address already in use'); stop that program first"
+        "log says the port is already in use); stop that program first"
     )
 
 
@@ -250,3 +254,55 @@ def test_seeding_again_after_an_erase_names_the_erase_and_how_to_start_over(
     assert len(done.stderr.strip().splitlines()) == 1
     assert "410" in done.stderr and "was erased by an erase of this user" in done.stderr
     assert done.stderr.strip().endswith("remove its data (rm -rf recall-data) and start it again")
+
+
+def test_a_port_in_use_stops_the_server_before_it_starts_with_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    # given another program listening on the port the server is given
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        env = {**make_server(tmp_path, ENGINE="embedded").env, "PORT": str(port)}
+        # when the server starts
+        done = run("recall_server.py", env=env, timeout=60)
+    # then it stops, before its start-up, with one line: which port, and how to choose another
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        f"recall-server: port {port} on 127.0.0.1 is already in use: stop the server that "
+        f"holds it, or choose another port with PORT (e.g. PORT={port + 1})"
+    )
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "startup complete" not in done.stdout + done.stderr
+
+
+def test_one_data_dir_has_one_owner_a_second_server_or_a_backfill_stops_with_one_line(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    source = tmp_path / "history.jsonl"
+    source.write_text(json.dumps(conversation("alice", "c1", "Ticket MT-4471 is open.", "Ok.")))
+    # given a server using DATA_DIR
+    with make_server(tmp_path, ENGINE="embedded").start() as first:
+        pid = first.process.pid  # type: ignore[union-attr]
+        taken = (
+            f"DATA_DIR {data} is in use by another recall-server (a server, pid {pid}): one "
+            "server (or backfill) per data directory; stop it first, or give this one another "
+            "DATA_DIR"
+        )
+        # when a second server starts on it (on a port of its own), and a backfill
+        # (a second that started would run on: the timeout fails the test)
+        second = run("recall_server.py", env={**first.env, "PORT": str(free_port())}, timeout=60)
+        backfill = run("recall_server.py", "backfill", str(source), env=first.env, timeout=60)
+        # then each stops at once with one line that names DATA_DIR and the holder, and the
+        # backfill wrote nothing
+        assert second.returncode == 1 and second.stderr.strip() == f"recall-server: {taken}"
+        assert backfill.returncode == 2
+        assert backfill.stderr.strip() == f"recall-server backfill: {taken}"
+        assert not (first.home("alice") / "src").exists()
+        assert first.health()["status"] == "ok"  # the first serves on
+    # and once the first has stopped, the backfill runs, and a server starts after it
+    assert run("recall_server.py", "backfill", str(source), env=first.env).returncode == 0
+    with make_server(tmp_path, ENGINE="embedded").start() as after:
+        assert after.health()["status"] == "ok"

@@ -77,6 +77,8 @@ def seed_alice(server: Server) -> None:
     )
     assert server.post(body)[0] == 202
     wait_for(lambda: (server.home("alice") / "memory").exists())
+    # and the run the post made due is over: while one is due, nothing found says "not yet"
+    wait_for(lambda: server.health()["indexing"] == 0)
 
 
 async def test_query_follows_a_double_dash_so_it_stays_text(

@@ -54,7 +54,7 @@ def test_a_server_whose_port_another_program_took_starts_on_another_port(
         assert listens(server.process.pid, port)  # type: ignore[union-attr]
         with urllib.request.urlopen(f"{server.url}/healthz", timeout=5) as response:
             assert b'"engine"' in response.read()
-        assert "address already in use" in server.log()
+        assert f"port {other_program} on 127.0.0.1 is already in use" in server.log()
 
 
 def test_listens_tells_the_process_holding_a_port_from_others(other_program: int) -> None:

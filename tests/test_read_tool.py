@@ -5,6 +5,7 @@ line that gives the exact call that reads on; the caller's own conversations onl
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from conftest import Backing, Server, make_server, turn
 from fastmcp.exceptions import ToolError
+from test_memory_api import call
 
 from recall.conversations import conversation_ref, user_dir_name
 from recall.reading import NOT_FOUND
@@ -155,6 +157,22 @@ async def test_a_read_is_audited_with_the_turns_it_served(server: Server) -> Non
     assert audit_of(server, "alice")[-1]["outcome"] == "not_found"
     await server.read("alice", ref=ref, from_turn=99)
     assert audit_of(server, "alice")[-1]["outcome"] == "not_found"
+
+
+async def test_a_huge_ref_is_audited_cut_and_the_audit_stays_small(server: Server) -> None:
+    # given alice's audit, and an agent that passes a 1 MB ref three times
+    before = len(audit_of(server, "alice"))
+    huge = "a" * 1_000_000
+    for _ in range(3):
+        assert await server.read("alice", ref=huge) == NOT_FOUND
+    # then each call is audited with the ref's start, cut, and the three lines stay small
+    lines = audit_of(server, "alice")[before:]
+    assert [line["read"]["ref"] for line in lines] == ["aaaaaaaaaaaa…"] * 3
+    assert all(line["outcome"] == "not_found" for line in lines)
+    assert len(json.dumps(lines)) < 1_000
+    # and alice's whole audit page (the memory page's) is small too
+    status, _, page = call(server, "GET", "/api/me/audit", token=server.tokens["alice"])
+    assert status == 200 and len(json.dumps(page)) < 20_000
 
 
 @pytest.mark.parametrize(

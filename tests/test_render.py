@@ -6,7 +6,14 @@ change to docs/CONTRACTS.md and must be made on purpose.
 
 from __future__ import annotations
 
-from recall.engines.base import MORE_MATCH
+from recall.engines.base import (
+    MORE_MATCH,
+    NEVER_MENTIONED_YET,
+    NOTHING_FOUND,
+    NOTHING_YET,
+    Recalled,
+    still_indexing,
+)
 from recall.engines.embedded.render import render
 from recall.engines.embedded.search import Hit, Notes
 from recall.engines.embedded.store import Neighbour
@@ -178,3 +185,26 @@ def test_the_notes_come_before_and_after_the_blocks_and_the_spans_still_point_at
     assert none.text == "No earlier conversation mentions MT-5120."
     assert none.passages == ()
     assert all(len(answer.text) <= 400 for answer in (near, listed))
+
+
+def test_while_an_index_run_is_due_the_negatives_say_not_yet_and_the_spans_still_point() -> None:
+    # Given the answers of the test above: a near miss, a list, and only the never-mentioned line
+    notes = Notes(unknown=("MT-5120",), near_misses=True)
+    near = render([(LATER, [])], Query.parse("MT-5120 release"), 400, USER, notes)
+    listed = render([(LATER, [])], Query.parse("release"), 400, USER, Notes(more=2))
+    none = render([], Query.parse("MT-5120 release"), 400, USER, Notes(unknown=("MT-5120",)))
+
+    # When the server tells them while the user's index is behind (a run due or going)
+    later_near, later_listed, later_none, later_empty = (
+        still_indexing(answer) for answer in (near, listed, none, Recalled(""))
+    )
+
+    # Then the never-mentioned line says "not yet", the passages' spans still point at their
+    # blocks, a list without negatives is unchanged, and nothing found is "not yet" too
+    rest = near.text.partition("\n")[2]
+    assert later_near.text == NEVER_MENTIONED_YET.format("MT-5120") + "\n" + rest
+    block = near.text[near.passages[0].start : near.passages[0].end]
+    assert later_near.text[later_near.passages[0].start : later_near.passages[0].end] == block
+    assert later_listed == listed
+    assert later_none == Recalled(NEVER_MENTIONED_YET.format("MT-5120"))
+    assert later_empty == still_indexing(Recalled(NOTHING_FOUND)) == Recalled(NOTHING_YET)

@@ -4,15 +4,23 @@ answer exactly once."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Backing, FakeFunes, Server, conversation, make_server
+from conftest import Backing, FakeFunes, Server, conversation, make_server, wait_for
 from fastmcp import Client
 
 from recall.conversations import conversation_ref, user_dir_name
-from recall.engines.base import NOT_YET, UNAVAILABLE
+from recall.engines.base import (
+    NEVER_MENTIONED,
+    NEVER_MENTIONED_YET,
+    NOT_YET,
+    NOTHING_FOUND,
+    NOTHING_YET,
+    UNAVAILABLE,
+)
 from recall.engines.embedded import db_path
 
 
@@ -133,6 +141,41 @@ async def test_the_first_search_before_the_first_index_run_ends_says_not_yet_wit
         # logged
         assert answer == NOT_YET
         assert "WARNING" not in server.log()
+
+
+async def test_a_search_while_a_posted_conversation_waits_for_its_index_run_states_no_negative(
+    tmp_path: Path, backing: Backing
+) -> None:
+    # Given alice's memory indexed once, on a server whose index runs wait a debounce after a post
+    debounce = 10.0
+    with make_server(
+        tmp_path, ENGINE="embedded", INDEX_DEBOUNCE=str(debounce), **backing.settings
+    ).start() as server:
+        assert server.post(conversation("alice", "c1", "The K-2 compressor was serviced."))[0]
+        server.wait_indexed("alice")
+        wait_for(lambda: server.health()["indexing"] == 0)
+        # When a conversation that mentions P-7 is stored (202), and her agent searches at once
+        posted = time.monotonic()
+        body = conversation("alice", "c2", "Motor P-7 has bearing noise, ticket MT-5120.")
+        assert server.post(body)[0] == 202
+        named = await server.recall("alice", "P-7 bearing")
+        unrelated = await server.recall("alice", "zebra giraffe savanna")
+        assert time.monotonic() - posted < debounce, "the run may have come: the test proves nought"
+        # Then neither answer states a negative as fact: each says recent ones are being indexed
+        for answer in (named, unrelated):
+            assert "No earlier conversation mentions" not in answer, answer
+            assert "Nothing relevant" not in answer, answer
+            assert "still being indexed" in answer, answer
+        assert named.startswith(NEVER_MENTIONED_YET.format("P-7"))
+        assert unrelated == NOTHING_YET
+        # and once the run is done, P-7 is found, and a term never mentioned is told plainly
+        server.wait_indexed("alice")
+        wait_for(lambda: server.health()["indexing"] == 0)
+        assert "Motor P-7 has bearing noise" in await server.recall("alice", "P-7 bearing")
+        never = await server.recall("alice", "Q-9 bearing")
+        assert never.startswith(NEVER_MENTIONED.format("Q-9")), never
+        assert "still being indexed" not in never
+        assert await server.recall("alice", "zebra giraffe savanna") == NOTHING_FOUND
 
 
 async def test_a_lost_index_still_answers_unavailable_and_warns(tmp_path: Path) -> None:

@@ -136,12 +136,15 @@ class PgSearch:
             cur = await conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM conversations WHERE user_hash = %s),"
                 " EXISTS (SELECT 1 FROM indexed WHERE user_hash = %s),"
-                " EXISTS (SELECT 1 FROM users WHERE user_hash = %s AND built_by = %s)",
-                (user_hash, user_hash, user_hash, self.wanted),
+                " EXISTS (SELECT 1 FROM users WHERE user_hash = %s AND built_by = %s),"
+                # an index run due or going, as recall_indexing() counts them
+                " EXISTS (SELECT 1 FROM users WHERE user_hash = %s"
+                " AND (due_at IS NOT NULL OR lease_until > now()))",
+                (user_hash, user_hash, user_hash, self.wanted, user_hash),
             )
-            stored, indexed, current = await cur.fetchone() or (False, False, False)
+            stored, indexed, current, due = await cur.fetchone() or (False,) * 4
         if indexed and current:
-            return "ready"
+            return "behind" if due else "ready"
         if not stored:
             return "none"
         # No indexed row yet: the first run is on its way. Rows by another model: a rebuild.
