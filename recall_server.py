@@ -1,33 +1,7 @@
 """recall-server: lets an agent search the current user's own earlier conversations.
 
-Two paths, two credentials:
-
-- Write path. The chat gateway POSTs each finished conversation (the whole conversation so far)
-  to /turns with the shared `x-ingest-key`. We validate it and hand it to the store, which keeps
-  it durably (a funes-format file under DATA_DIR/<hash of user>/src, or a committed row in
-  PostgreSQL) before the 202, and schedules a debounced index run.
-- Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp, and
-  `read_my_conversation(ref, from_turn, to_turn)` to read a hit's turns whole by the reference
-  its passage header shows (recall/reading.py). The user comes from the verified bearer token,
-  never from an argument. Bounded concurrency, a timeout, a character cap, and both fail soft: a
-  memory problem never breaks the conversation. Each call is recorded in the user's own audit,
-  which POST /audit returns.
-
-- Lifecycle. POST /forget, /erase and /receipts (same key, the user in the body) forget a
-  conversation, erase a user and list the receipts; tombstones keep forgotten turns out of later
-  posts; RETENTION_DAYS sweeps old conversations.
-- The memory page. GET /memory is a page where the person, signed in with the same bearer token
-  as their agent, sees, searches and forgets their conversations and sees what the assistant
-  looked up, through a JSON API under /api/me/ (recall/memory_api.py).
-
-Where code goes: request handling and wiring here. Everything about a user's memory goes through
-the store seam (recall/store.py), keyed by the user's hash: STORE=files is recall/files_store.py
-over the write path's domain (recall/conversations.py, credentials redacted by
-recall/redaction.py), the lifecycle (recall/lifecycle.py), the audit (recall/audit.py), index
-scheduling (recall/scheduler.py) and the engines (recall/engines/: funes as a subprocess, or the
-embedded in-process engine); STORE=postgres is recall/pg/, which several replicas share. The
-ranking both stores' embedded search use is one pure core (recall/engines/embedded/search.py).
-Identity in recall/auth.py; settings in recall/settings.py; GET /metrics in recall/metrics.py.
+Request handling and wiring: the HTTP routes, the MCP tools, the lifespan and the command line.
+The write and read paths, the package map and where new code goes: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The first start of an empty data volume (compose.yaml's "replicas" profile): the postgres image
 # runs this once, as its superuser, before it takes connections. It makes what a superuser must
-# (README.md, "Running several replicas"): the tables' owner and the app role, each with the
+# (docs/replicas.md, "In order"): the tables' owner and the app role, each with the
 # password from the container's environment (compose.yaml requires both; none is written here),
 # the database owned by the owner, and pgvector in it (not a trusted extension: the owner could
 # not create it). `recall-server migrate`, as recall_owner, makes the tables and grants

@@ -1,4 +1,4 @@
-"""Regenerate the memory page's screenshots in docs/ (README.md, "Your memory page").
+"""Regenerate the memory page's screenshots in docs/ (docs/memory-page.md).
 
     .venv/bin/python docs/screenshots.py
 

@@ -3,7 +3,7 @@
     python examples/replicas.py start DIR [--ports 8001 8002] [--nginx 8080]
     python examples/replicas.py stop DIR
 
-`start` does, in DIR (made if missing), what README.md's "Running several replicas" asks, in its
+`start` does, in DIR (made if missing), what docs/replicas.md's "In order" asks, in its
 order, then waits until both replicas answer /readyz and prints how to post to one and search the
 other:
 
@@ -146,7 +146,7 @@ def url(home: Path, role: str, database: str) -> str:
 
 
 def prepare_database(home: Path) -> None:
-    """What README's step 1 has a superuser do, skipping what is there: the two roles, the
+    """What docs/replicas.md's step 1 has a superuser do, skipping what is there: the two roles, the
     database owned by the owner, pgvector in it."""
     import psycopg
     from psycopg import sql
@@ -309,7 +309,7 @@ def ready(port: int) -> bool:
 def start(folder: Path, ports: list[int], nginx: int | None) -> None:
     key = os.environ.get("INGEST_KEY", "")
     if not key:
-        raise Failed("set INGEST_KEY (README's block exports it) to the key the replicas share")
+        raise Failed("set INGEST_KEY (docs/replicas.md's block exports it) to the replicas' key")
     folder.mkdir(parents=True, exist_ok=True)
     stop_processes(folder)  # an earlier start's, so that `start` again restarts
     home = folder / "postgres"

@@ -9,7 +9,7 @@ That file stores int8 weights but computes in float32 (onnxruntime widens every 
 88 MB that each run reads whole). With ``int8`` (EMBED_COMPUTE=int8) the embedder runs a graph
 derived from it once and cached (``int8_graph``): the matrix products in int8, with per-channel
 weight scales. A query embeds 2.5 times faster and an index run takes half the CPU; recall
-moves by a few questions either way (benchmark/README.md, "Load", fourth pass), so float32 stays
+moves by a few questions either way (benchmark/README.md, "Load"), so float32 stays
 the default.
 """
 
@@ -337,7 +337,7 @@ def load_onnx_embedder(
     # One text per run: the int8 graph scales a run's inputs by that run's range, so in a batch
     # a text's vector would depend on its batch-mates. Alone, a text always gets the same vector
     # (and a query is embedded as its passages were); an index run still takes less than half
-    # the CPU of the float32 graph's batches (benchmark/README.md, "Load", fourth pass).
+    # the CPU of the float32 graph's batches (benchmark/README.md, "Load").
     def from_cache() -> OnnxEmbedder:
         with int8_graph(source, cache) as model:
             try:

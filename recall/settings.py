@@ -1,4 +1,4 @@
-"""Every setting is an environment variable with the same name (README.md's settings table)."""
+"""Every setting is an environment variable with the same name (docs/settings.md's table)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ MODEL_MIN_SIMILARITY = {"minilm": 0.3, "multilingual-e5-small": 0.81}
 
 
 def shown(default: str) -> dict[str, str]:
-    """How a setting's default reads in --help and README.md, where its value says too little."""
+    """How a setting's default reads in --help and docs/settings.md, where its value says little."""
     return {"shown_default": default}  # in parentheses: it is a note, not a value
 
 
@@ -168,7 +168,7 @@ class Settings(BaseSettings):
         "minilm",
         description="the embedded engine's model: `minilm` (the packaged all-MiniLM-L6-v2, "
         "English) or `multilingual-e5-small` (100 languages, the `multilingual` extra: "
-        'README "Other languages"); switching rebuilds every index',
+        'docs/settings.md, "Other languages"); switching rebuilds every index',
     )
     embed_model_dir: Path | None = Field(
         None,
@@ -501,7 +501,7 @@ def _is_loopback_address(host: str) -> bool:
 
 def settings_reference() -> list[tuple[str, str, str]]:
     """(variable, default as shown, meaning in Markdown) for every setting, in the model's order:
-    the one source of --help's settings list and README.md's settings table."""
+    the one source of --help's settings list and docs/settings.md's table."""
     rows = []
     for name, field in Settings.model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
@@ -517,7 +517,7 @@ def settings_reference() -> list[tuple[str, str, str]]:
 
 
 def settings_markdown_table() -> str:
-    """README.md's settings table, exactly."""
+    """docs/settings.md's settings table, exactly."""
     lines = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for name, default, meaning in settings_reference():
         lines.append(f"| `{name}` | {default} | {meaning} |".replace("|  |", "| |"))

@@ -353,7 +353,9 @@ def test_compose_requires_the_ingest_key_from_the_environment_with_no_default() 
 
 
 def test_demo_commands_generate_and_export_the_ingest_key_before_using_it() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    # README and the pages its commands moved to, in the order a newcomer reads them
+    pages = ["README.md", "docs/deploying.md", "docs/auth.md", "docs/replicas.md"]
+    readme = "".join((ROOT / page).read_text(encoding="utf-8") for page in pages)
     for text in (readme, COMPOSE.read_text(encoding="utf-8")):
         assigned = re.findall(r"INGEST_KEY=(\S+)", text)
         # generated, or the generated key's value shown again (the run command's export line)
@@ -511,7 +513,7 @@ def test_the_commands_generate_every_secret_the_replicas_stack_requires() -> Non
         "RECALL_OWNER_PASSWORD",
         "RECALL_APP_PASSWORD",
     }
-    for text in (REPLICAS.read_text(encoding="utf-8"), (ROOT / "README.md").read_text()):
+    for text in (REPLICAS.read_text(encoding="utf-8"), (ROOT / "docs" / "replicas.md").read_text()):
         generated = set(re.findall(r"\b(\w+)=\$\(openssl rand -hex 16\)", text))
         assert required <= generated, sorted(required - generated)
         assert "docker compose -f compose.replicas.yaml up" in text

@@ -1,9 +1,10 @@
-"""The README's shell blocks run as written: the demo, the run command with the write route, and
-the production auth example; so does its FastMCP snippet, as a script. A README that drifts from
-the code fails here.
+"""The README's shell blocks run as written: the demo, the run command with the write route; so
+do those of the docs/ pages: the production auth example (docs/auth.md), the replicas without
+Docker (docs/replicas.md) and the FastMCP snippet (docs/tools.md), as a script. A page that
+drifts from the code fails here.
 
-The blocks are read from README.md at test time, never copied here, and changed in exactly these
-ways (`runnable`), because a test must not install anything or take port 8000:
+The blocks are read from README.md and docs/ at test time, never copied here, and changed in
+exactly these ways (`runnable`), because a test must not install anything or take port 8000:
 - the install step `python3 -m venv .venv && .venv/bin/pip install -q .` is dropped: this test's
   own environment has the project installed already;
 - `.venv/bin/` becomes the directory of this test's interpreter (which has `recall-server`);
@@ -38,6 +39,7 @@ from recall.demo import seeded_demo
 from recall.testing import PASSED_THROUGH, free_port
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q ."
 REPLICAS_INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q '.[replicas]'"
 BIN = Path(sys.executable).parent
@@ -50,11 +52,11 @@ F204_ERROR = (
 BLOCK_TIMEOUT = 400.0  # seconds for a block: seeding and a first index run on a loaded machine
 
 
-def section(title: str) -> str:
-    """The README text under a `## title` or `### title` heading, up to the next heading (a `#`
+def section(title: str, page: Path = README) -> str:
+    """The page's text under a `## title` or `### title` heading, up to the next heading (a `#`
     line inside a code block is a shell comment, not a heading)."""
     lines, inside, fenced = [], False, False
-    for line in README.read_text().splitlines(keepends=True):
+    for line in page.read_text().splitlines(keepends=True):
         fenced ^= line.startswith("```")
         heading = not fenced and re.match(r"#+ ", line) is not None
         if heading and inside:
@@ -62,7 +64,7 @@ def section(title: str) -> str:
         inside = inside or (heading and line.split(" ", 1)[1].strip() == title)
         if inside:
             lines.append(line)
-    assert lines, f"README.md has no section {title!r}"
+    assert lines, f"{page.relative_to(ROOT)} has no section {title!r}"
     return "".join(lines)
 
 
@@ -201,7 +203,7 @@ def test_the_replicas_block_recalls_through_one_replica_what_was_posted_to_the_o
     # given the block of "Replicas without Docker", its install dropped and its two ports free
     # ones, run in a directory the PostgreSQL system user can enter when we are root (pytest's
     # tmp_path is under a directory only root may enter; a checkout is not)
-    [block] = sh_blocks(section("Replicas without Docker"))
+    [block] = sh_blocks(section("Replicas without Docker", DOCS / "replicas.md"))
     assert REPLICAS_INSTALL in block
     a, b = free_port(), free_port()
     script = runnable(block.replace(f"{REPLICAS_INSTALL}\n", ""), a)
@@ -270,7 +272,7 @@ def test_the_production_auth_example_searches_with_a_token_from_a_local_key_pair
     tmp_path: Path,
 ) -> None:
     # given the worked example: a key pair, a server trusting its public half, a minted token
-    [example] = sh_blocks(section("A worked example"))
+    [example] = sh_blocks(section("A worked example", DOCS / "auth.md"))
     port = free_port()
     cwd = scratch(tmp_path)
     # when it runs
@@ -286,7 +288,7 @@ def test_the_fastmcp_snippet_saved_as_a_script_finds_the_decision_and_reads_the_
     tmp_path: Path,
 ) -> None:
     # given the tool section's Python snippet saved as a file, and the seeded demo running
-    [snippet] = sh_blocks(section("The tools"), language="python")
+    [snippet] = sh_blocks(section("The tools", DOCS / "tools.md"), language="python")
     (tmp_path / "demo").mkdir()
     server = seeded_demo(tmp_path / "demo")
     try:

@@ -10,7 +10,7 @@ where it is newer: a conversation there with a later last turn (or as late, and 
 kept, and one forgotten there since (tombstones the files store does not have) is left out.
 
 A run after an earlier one also applies to PostgreSQL what the files store forgot or erased
-since (the README says to run it again after the gateway switched over):
+since (docs/replicas.md says to run it again after the gateway switched over):
 
 - an erase receipt PostgreSQL does not hold yet: the user is erased there as an erase there
   does it (recall.pg.store.remove_user: conversations, index, audit; tombstones and receipts
