@@ -1,36 +1,38 @@
 """recall-server: lets an agent search the current user's own earlier conversations.
 
-Two paths, two credentials:
+Two paths, two credentials (each route's module in brackets; recall/app/__init__.py lists them):
 
 - Write path. The chat gateway POSTs each finished conversation (the whole conversation so far)
   to /turns with the shared `x-ingest-key`. We validate it and hand it to the store, which keeps
   it durably (a funes-format file under DATA_DIR/<hash of user>/src, or a committed row in
-  PostgreSQL) before the 202, and schedules a debounced index run.
+  PostgreSQL) before the 202, and schedules a debounced index run. [recall/app/ingest.py]
 - Read path. The agent calls the MCP tool `recall_my_conversations(query)` at /mcp, and
   `read_my_conversation(ref, from_turn, to_turn)` to read a hit's turns whole by the reference
   its passage header shows (recall/reading.py). The user comes from the verified bearer token,
   never from an argument. Bounded concurrency, a timeout, a character cap, and both fail soft: a
   memory problem never breaks the conversation. Each call is recorded in the user's own audit,
-  which POST /audit returns.
+  which POST /audit returns. [recall/app/tools.py; the answers and how they fail soft:
+  recall/app/answers.py]
 
 - Lifecycle. POST /forget, /erase and /receipts (same key, the user in the body) forget a
   conversation, erase a user and list the receipts; tombstones keep forgotten turns out of later
-  posts; RETENTION_DAYS sweeps old conversations.
+  posts; RETENTION_DAYS sweeps old conversations. [recall/app/lifecycle_routes.py]
 - The memory page. GET /memory is a page where the person, signed in with the same bearer token
   as their agent, sees, searches and forgets their conversations and sees what the assistant
-  looked up, through a JSON API under /api/me/ (recall/memory_api.py).
+  looked up, through a JSON API under /api/me/. [recall/memory_api.py]
+- Operations. GET /healthz, /readyz and /metrics. [recall/app/operations.py]
 
-Where code goes: here only the map, the wiring (create_app) and the command line (main). The
-routes and tools are in recall/app/, one module each (recall/app/__init__.py lists them), handed
-the parts recall/app/context.py builds once from the settings; the tools' answers and how they
-fail soft are recall/app/answers.py. Everything about a user's memory goes through
-the store seam (recall/store.py), keyed by the user's hash: STORE=files is recall/files_store.py
-over the write path's domain (recall/conversations.py, credentials redacted by
-recall/redaction.py), the lifecycle (recall/lifecycle.py), the audit (recall/audit.py), index
-scheduling (recall/scheduler.py) and the engines (recall/engines/: funes as a subprocess, or the
-embedded in-process engine); STORE=postgres is recall/pg/, which several replicas share. The
-ranking both stores' embedded search use is one pure core (recall/engines/embedded/search.py).
-Identity in recall/auth.py; settings in recall/settings.py; GET /metrics in recall/metrics.py.
+Where code goes: here only this map, the wiring (create_app, which reads as the list of routes)
+and the command line (main). The routes and tools are handed the parts recall/app/context.py
+builds once from the settings (the store, the metrics, the recall slots, the verifier).
+Everything about a user's memory goes through the store seam (recall/store.py), keyed by the
+user's hash: STORE=files is recall/files_store.py over the write path's domain
+(recall/conversations.py, credentials redacted by recall/redaction.py), the lifecycle
+(recall/lifecycle.py), the audit (recall/audit.py), index scheduling (recall/scheduler.py) and
+the engines (recall/engines/: funes as a subprocess, or the embedded in-process engine);
+STORE=postgres is recall/pg/, which several replicas share. The ranking both stores' embedded
+search use is one pure core (recall/engines/embedded/search.py). Identity in recall/auth.py;
+settings in recall/settings.py; the metrics in recall/metrics.py.
 """
 
 from __future__ import annotations
