@@ -5,7 +5,7 @@ format, atomically) -> scheduler (a debounced index run per user, a bound across
 path: auth (the user from a verified token) -> engines (index a user's sources; recall a query),
 funes as a subprocess or the embedded engine -> audit (what was looked up, in the user's own log).
 
-Where new code goes: names HTTP or MCP -> app/ (its map); holds connections and their deadlines ->
+Where new code goes: names HTTP or MCP -> recall_server.py; holds connections and their deadlines ->
 transport.py; says what a conversation or a user directory is -> conversations.py; recognises a
 credential -> redaction.py; decides when to index -> scheduler.py; runs work on a bounded pool ->
 concurrency.py; forgets, erases, keeps tombstones or receipts, applies retention -> lifecycle.py;
