@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import conversation
+from fastmcp import Client, FastMCP
 from fastmcp.server.auth import AccessToken
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -23,6 +24,7 @@ from recall.app import context
 from recall.app.answers import Answers
 from recall.app.ingest import Ingest
 from recall.app.operations import Operations
+from recall.app.tools import Tools
 from recall.concurrency import BoundedRuns
 from recall.conversations import Conversation, user_dir_name
 from recall.engines.base import (
@@ -262,6 +264,27 @@ async def test_the_page_search_is_the_tools_search_without_the_audit() -> None:
     found = await answers_over(store).page_search(ALICE, "MT-4471")
     assert found.text == "MT-4471 is open."
     assert "append_audit" not in [method for method, _ in store.calls]
+
+
+async def test_the_tools_register_on_a_bare_server_and_answer_soft_without_a_token() -> None:
+    # Given the two tools alone on a FastMCP server of their own, reached in memory (no token:
+    # get_access_token() is None there)
+    store = FakeStore()
+    mcp = FastMCP("tools-only")
+    Tools(answers_over(store)).register(mcp)
+    async with Client(mcp) as client:
+        listed = {tool.name: tool for tool in await client.list_tools()}
+        text = await client.call_tool("recall_my_conversations", {"query": "MT-4471"})
+    # Then each tool's arguments are the contract's (the method's self is no argument)
+    assert set(listed) == {"recall_my_conversations", "read_my_conversation"}
+    assert set(listed["recall_my_conversations"].input_schema["properties"]) == {"query"}
+    assert set(listed["read_my_conversation"].input_schema["properties"]) == {
+        "ref",
+        "from_turn",
+        "to_turn",
+    }
+    # and a call that names no user answers soft, the store untouched
+    assert [block.text for block in text.content] == [UNAVAILABLE] and store.calls == []
 
 
 # --- functions short enough to read ----------------------------------------------------------
