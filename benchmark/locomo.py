@@ -51,6 +51,7 @@ from typing import Any
 from fastmcp import Client
 
 from benchmark.run import load_by_backfill, machine, postgres, timing
+from recall.app.answers import MAX_QUERY_CHARS
 from recall.conversations import parse_conversation, user_dir_name, write_conversation
 from recall.engines.base import (
     MORE_MATCH,
@@ -64,7 +65,6 @@ from recall.engines.base import (
     Recalled,
 )
 from recall.testing import ROOT, LocalServer, make_server
-from recall_server import MAX_QUERY_CHARS
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo-dev.json"
 RESULTS = ROOT / "benchmark" / "results"

@@ -30,6 +30,7 @@ from fake_funes import validate_file
 from starlette.testclient import TestClient
 
 import recall_server
+from recall.app import keyed
 from recall.conversations import (
     Conversation,
     InvalidConversation,
@@ -144,7 +145,7 @@ def test_key_is_compared_in_constant_time(
         return compare_digest(provided, expected)
 
     # Given the app in this process, its key comparison watched
-    monkeypatch.setattr(recall_server.hmac, "compare_digest", watched)
+    monkeypatch.setattr(keyed.hmac, "compare_digest", watched)
     wrong = [secrets.token_hex(16), key[:-1] + "x", key[:8], key + "x", ""]
     with TestClient(recall_server.create_app(settings)) as client:
 
@@ -162,7 +163,7 @@ def test_key_is_compared_in_constant_time(
     assert compared == [(sent.encode(), key.encode()) for sent in [*wrong, key]]
 
     # And when compare_digest says "equal", a wrong key is let in: it alone decides
-    monkeypatch.setattr(recall_server.hmac, "compare_digest", lambda *_: True)
+    monkeypatch.setattr(keyed.hmac, "compare_digest", lambda *_: True)
     with TestClient(recall_server.create_app(settings)) as client:
         headers = {"x-ingest-key": wrong[0]}
         assert client.post("/turns", json=good("timing"), headers=headers).status_code == 202
