@@ -32,38 +32,39 @@ from starlette.responses import JSONResponse, Response
 from recall import audit, reading
 from recall.auth import MCP_PATH, TokenFirst, build_verifier, client_of, user_from_token
 from recall.concurrency import BoundedRuns, Glance
-from recall.conversations import (
-    LONE_SURROGATE,
-    PRIVATE_UMASK,
-    InvalidConversation,
-    parse_audit_request,
-    parse_conversation,
-    user_dir_name,
-)
-from recall.engines import make_engine
-from recall.engines.base import (
+from recall.conversations import PRIVATE_UMASK
+from recall.domain.answers import (
     NO_MEMORY,
     NOT_YET,
     NOTHING_FOUND,
     UNAVAILABLE,
-    EngineError,
     Recalled,
     still_indexing,
 )
-from recall.files_store import FilesStore, hold_data_dir
-from recall.lifecycle import (
-    Forgotten,
-    NotFound,
-    forgotten_message,
+from recall.domain.conversation import (
+    LONE_SURROGATE,
+    parse_audit_request,
+    parse_conversation,
     parse_request,
-    sweep_forever,
+    user_dir_name,
 )
+from recall.domain.errors import (
+    EngineError,
+    Forgotten,
+    InvalidConversation,
+    NotFound,
+    StoreUnavailable,
+)
+from recall.domain.forgetting import forgotten_message
+from recall.engines import make_engine
+from recall.files_store import FilesStore, hold_data_dir
+from recall.lifecycle import sweep_forever
 from recall.logs import Refusals, configure_logging, user_fields
 from recall.memory_api import MemoryApi
 from recall.metrics import Metrics, recall_timed_out
 from recall.reading import checked_turns
 from recall.settings import ConfigError, Settings, load_settings, settings_help
-from recall.store import AuditLine, Mark, Store, StoreUnavailable
+from recall.store import AuditLine, Mark, Store
 from recall.transport import (
     BodyTooLarge,
     Refusal,

@@ -61,8 +61,8 @@ from fastmcp.client.transports import StreamableHttpTransport
 
 from benchmark.history import generate
 from benchmark.run import machine, percentile
-from recall.conversations import user_dir_name
-from recall.engines.base import OUTCOMES
+from recall.domain.answers import OUTCOMES
+from recall.domain.conversation import user_dir_name
 from recall.metrics import PREFIX
 from recall.testing import ROOT, LocalServer, make_server
 

@@ -51,8 +51,8 @@ from typing import Any
 from fastmcp import Client
 
 from benchmark.run import load_by_backfill, machine, postgres, timing
-from recall.conversations import parse_conversation, user_dir_name, write_conversation
-from recall.engines.base import (
+from recall.conversations import write_conversation
+from recall.domain.answers import (
     MORE_MATCH,
     NEAR_MISSES,
     NEVER_MENTIONED,
@@ -60,9 +60,10 @@ from recall.engines.base import (
     NOT_YET,
     NOTHING_FOUND,
     UNAVAILABLE,
-    Engine,
     Recalled,
 )
+from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.engines.base import Engine
 from recall.testing import ROOT, LocalServer, make_server
 from recall_server import MAX_QUERY_CHARS
 

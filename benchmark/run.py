@@ -41,7 +41,8 @@ from fastmcp import Client
 
 from benchmark import history_clinic, languages
 from benchmark.history import History, Question, generate
-from recall.conversations import parse_conversation, user_dir_name, write_conversation
+from recall.conversations import write_conversation
+from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.engines import make_engine
 from recall.settings import Settings
 from recall.testing import ROOT, LocalServer, make_server

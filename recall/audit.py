@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from recall.conversations import fsync_dir, private_file
-from recall.engines.base import Passage, Recalled, outcome
+from recall.domain.answers import Passage, Recalled, outcome
 
 AUDIT_FILE = "audit.jsonl"
 READ_BLOCK = 64 * 1024  # a page is read from the end backwards, this much at a time

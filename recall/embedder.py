@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from recall.conversations import LONE_SURROGATE
+from recall.domain.conversation import LONE_SURROGATE
 
 MAX_TOKENS = 256  # the length all-MiniLM-L6-v2 was trained with; longer text is cut
 BATCH = 64  # texts per model run: large enough to amortise the call

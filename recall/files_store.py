@@ -20,16 +20,15 @@ from pathlib import Path
 from recall import audit
 from recall.concurrency import run_in
 from recall.conversations import (
-    CONVERSATION_ID,
     PRIVATE_DIR,
-    SOURCE_SUFFIX,
-    Conversation,
     read_source,
     remove_leftovers,
     source_files,
     write_conversation,
 )
-from recall.engines.base import Engine, Recalled
+from recall.domain.answers import Recalled
+from recall.domain.conversation import CONVERSATION_ID, SOURCE_SUFFIX, Conversation
+from recall.engines.base import Engine
 from recall.lifecycle import Lifecycle, UserGates, admit_for, list_receipts, user_homes
 from recall.logs import user_fields
 from recall.metrics import data_dir_writable

@@ -17,7 +17,7 @@ from pg import NoPostgres, PgDatabase, PgServer, table_rows
 from psycopg.types.json import Jsonb
 
 from recall import testing
-from recall.conversations import user_dir_name
+from recall.domain.conversation import user_dir_name
 from recall.files_store import DATA_DIR_LOCK
 from recall.testing import LocalServer
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from recall.conversations import parse_conversation, user_dir_name, write_conversation
+from recall.conversations import write_conversation
+from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.embedder import OnnxEmbedder, load_embedder
 from recall.engines import make_engine
 from recall.engines.embedded import (

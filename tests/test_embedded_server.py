@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import Server, conversation, make_server, turn, wait_for
 
+from recall.domain.answers import UNAVAILABLE
 from recall.embedder import load_embedder, packaged_fingerprint
-from recall.engines.base import UNAVAILABLE
 from recall.engines.embedded import db_path
 from recall.engines.embedded.store import stored
 from recall.scheduler import needs_index

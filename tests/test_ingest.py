@@ -30,13 +30,9 @@ from fake_funes import validate_file
 from starlette.testclient import TestClient
 
 import recall_server
-from recall.conversations import (
-    Conversation,
-    InvalidConversation,
-    conversation_lock,
-    parse_conversation,
-    write_conversation,
-)
+from recall.conversations import conversation_lock, write_conversation
+from recall.domain.conversation import Conversation, parse_conversation
+from recall.domain.errors import InvalidConversation
 from recall.settings import Settings
 
 

@@ -29,9 +29,11 @@ from test_embedded_engine import CORPUS, CountingEmbedder
 
 import recall.pg.index
 from benchmark.history import generate
-from recall.conversations import parse_conversation, user_dir_name, write_conversation
+from recall.conversations import write_conversation
+from recall.domain.answers import UNAVAILABLE
+from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.domain.errors import EngineError
 from recall.embedder import Embedder, OnnxEmbedder, load_embedder
-from recall.engines.base import UNAVAILABLE, EngineError
 from recall.engines.embedded import EmbeddedEngine, Query, db_path
 from recall.engines.embedded.search import common_floor
 from recall.engines.embedded.store import common_stems, connect, lexical_leg

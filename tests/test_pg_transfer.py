@@ -21,7 +21,8 @@ from pg import PgDatabase
 from psycopg import sql
 
 from recall import audit
-from recall.conversations import conversation_ref, source_files, user_dir_name
+from recall.conversations import source_files
+from recall.domain.conversation import conversation_ref, user_dir_name
 from recall.lifecycle import list_receipts, read_tombstones, remove_source, tombstone_key
 from recall.pg import transfer
 from recall.pg.schema import USER_TABLES, key_id

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from test_embedded_engine import CORPUS, hits, post
 
+from recall.domain.answers import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED
 from recall.embedder import OnnxEmbedder, load_embedder
-from recall.engines.base import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED
 from recall.engines.embedded import EmbeddedEngine, Query, db_path
 from recall.engines.embedded.search import Lexical, common_floor, order_pool, top_hits
 from recall.engines.embedded.store import (

@@ -6,7 +6,7 @@ change to docs/CONTRACTS.md and must be made on purpose.
 
 from __future__ import annotations
 
-from recall.engines.base import (
+from recall.domain.answers import (
     MORE_MATCH,
     NEVER_MENTIONED_YET,
     NOTHING_FOUND,

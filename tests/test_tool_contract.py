@@ -12,8 +12,7 @@ import pytest
 from conftest import Backing, FakeFunes, Server, conversation, make_server, wait_for
 from fastmcp import Client
 
-from recall.conversations import conversation_ref, user_dir_name
-from recall.engines.base import (
+from recall.domain.answers import (
     NEVER_MENTIONED,
     NEVER_MENTIONED_YET,
     NOT_YET,
@@ -21,6 +20,7 @@ from recall.engines.base import (
     NOTHING_YET,
     UNAVAILABLE,
 )
+from recall.domain.conversation import conversation_ref, user_dir_name
 from recall.engines.embedded import db_path
 
 

@@ -45,7 +45,8 @@ import psycopg
 from psycopg import sql
 
 from recall.concurrency import run_in
-from recall.conversations import SOURCE_SUFFIX
+from recall.domain.conversation import SOURCE_SUFFIX
+from recall.domain.errors import StoreUnavailable
 from recall.embedder import Embedder, release_freed_memory
 from recall.engines.embedded.store import (
     Stored,
@@ -58,7 +59,6 @@ from recall.engines.embedded.store import (
 )
 from recall.pg.database import Connection, Database, xact_lock
 from recall.pg.fts import Counted, count_terms
-from recall.store import StoreUnavailable
 
 if TYPE_CHECKING:  # the worker module runs as a program (`-m`): never import it on the way there
     from recall.engines.embedded.worker import IndexWorkers

@@ -34,8 +34,9 @@ import numpy as np
 import psycopg
 
 from recall.concurrency import run_in
+from recall.domain.answers import Recalled
+from recall.domain.errors import EngineError
 from recall.embedder import Embedder
-from recall.engines.base import EngineError, Recalled
 from recall.engines.embedded.engine import usable_cores
 from recall.engines.embedded.render import NEIGHBOURS, render
 from recall.engines.embedded.search import (

@@ -46,25 +46,17 @@ from pathlib import Path
 from typing import Any
 
 from recall import audit
-from recall.conversations import (
-    PRIVATE_DIR,
-    PRIVATE_FILE,
-    SOURCE_SUFFIX,
-    Conversation,
-    user_dir_name,
-)
+from recall.conversations import PRIVATE_DIR, PRIVATE_FILE
+from recall.domain.conversation import SOURCE_SUFFIX, Conversation, readable_lines, user_dir_name
+from recall.domain.errors import Forgotten, StoreUnavailable
+from recall.domain.forgetting import EVERYTHING, Forgetting, admitted
 from recall.lifecycle import (
-    EVERYTHING,
     KEYS_DIR,
     RECEIPTS_DIR,
     TOMBSTONE_KEY,
-    Forgetting,
-    Forgotten,
-    _time_rule,
-    admitted,
     list_receipts,
     read_tombstones,
-    readable_lines,
+    time_rule,
     tombstone_key,
     user_homes,
 )
@@ -73,7 +65,6 @@ from recall.pg.index import index_lock
 from recall.pg.schema import MigrationError, check_version, connect, key_id
 from recall.pg.store import add_tombstones, remove_conversation, remove_user
 from recall.settings import ConfigError
-from recall.store import StoreUnavailable
 
 Turn = dict[str, Any]
 
@@ -294,7 +285,7 @@ async def _forget_there(
         turns = readable_lines(body.encode("utf-8"))
         try:
             kept = admitted(
-                Conversation(h, cid, turns), Forgetting(keyed, _time_rule(tombstones, cid))
+                Conversation(h, cid, turns), Forgetting(keyed, time_rule(tombstones, cid))
             )
         except Forgotten:
             kept = None

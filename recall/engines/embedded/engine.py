@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recall.concurrency import run_in
+from recall.domain.answers import Recalled
+from recall.domain.errors import EngineError
 from recall.embedder import Embedder, release_freed_memory
-from recall.engines.base import EngineError, ForgetWindows, Recalled
+from recall.engines.base import ForgetWindows
 from recall.engines.embedded.render import NEIGHBOURS, render
 from recall.engines.embedded.search import (
     DENSE_WEIGHT,

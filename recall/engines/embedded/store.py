@@ -27,7 +27,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from recall.conversations import SOURCE_SUFFIX, is_recalled, read_source, source_files
+from recall.conversations import read_source, source_files
+from recall.domain.conversation import SOURCE_SUFFIX, is_recalled
 from recall.embedder import Embedder, packaged_fingerprint
 from recall.engines.embedded.search import (
     IDS_COLUMN_WEIGHT,

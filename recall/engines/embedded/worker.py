@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from recall.concurrency import kill_group
-from recall.engines.base import EngineError
+from recall.domain.errors import EngineError
 from recall.engines.embedded.store import FLUSH_TEXTS
 from recall.logs import configure_logging
 
