@@ -56,7 +56,7 @@ from recall.domain.errors import (
     StoreUnavailable,
 )
 from recall.domain.forgetting import forgotten_message
-from recall.engines import make_engine
+from recall.engines.factory import make_engine
 from recall.files_store import FilesStore, hold_data_dir
 from recall.lifecycle import sweep_forever
 from recall.logs import Refusals, configure_logging, user_fields
@@ -582,7 +582,7 @@ def main() -> None:
 
         sys.exit(migrate(arguments[1:]))
     if arguments[:1] in (["import"], ["export"]):  # STORE=postgres: a files store in, a user out
-        from recall.pg.transfer import main as transfer
+        from recall.transfer import main as transfer
 
         sys.exit(transfer(arguments))
     if arguments[:1] in (["--help"], ["-h"]):  # before the settings: help needs none of them

@@ -501,7 +501,7 @@ async def evaluate_engines(
 def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
     """Today's embedded engine at each k's settings, sharing one embedding model."""
     from recall.embedder import PACKAGED, load_embedder
-    from recall.engines.embedded import EmbeddedEngine
+    from recall.engines.embedded.engine import EmbeddedEngine
     from recall.settings import MODEL_MIN_SIMILARITY
 
     model = os.environ.get("EMBED_MODEL", PACKAGED)

@@ -43,7 +43,7 @@ from benchmark import history_clinic, languages
 from benchmark.history import History, Question, generate
 from recall.conversations import write_conversation
 from recall.domain.conversation import parse_conversation, user_dir_name
-from recall.engines import make_engine
+from recall.engines.factory import make_engine
 from recall.settings import Settings
 from recall.testing import ROOT, LocalServer, make_server
 

@@ -35,7 +35,7 @@ from recall import testing
 from recall.conversations import write_conversation
 from recall.domain.answers import NOTHING_FOUND
 from recall.domain.conversation import SOURCE_SUFFIX, parse_conversation
-from recall.engines.embedded import db_path
+from recall.engines.embedded.store import db_path
 from recall.scheduler import needs_index
 from recall.testing import LocalServer
 

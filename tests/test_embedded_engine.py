@@ -31,10 +31,10 @@ from recall.embedder import (
     OnnxEmbedder,
     load_embedder,
 )
-from recall.engines.embedded import (
-    EmbeddedEngine,
+from recall.engines.embedded.engine import EmbeddedEngine
+from recall.engines.embedded.store import db_path
+from recall.engines.embedded.text import (
     coverage,
-    db_path,
     fts_query,
     identifier_forms,
     is_common,

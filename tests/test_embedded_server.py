@@ -15,8 +15,7 @@ from conftest import Server, conversation, make_server, turn, wait_for
 
 from recall.domain.answers import UNAVAILABLE
 from recall.embedder import load_embedder, packaged_fingerprint
-from recall.engines.embedded import db_path
-from recall.engines.embedded.store import stored
+from recall.engines.embedded.store import db_path, stored
 from recall.scheduler import needs_index
 
 USERS = ["alice", "bob", *(f"user-{n}" for n in range(2, 8))]

@@ -14,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recall.concurrency import usable_cores
 from recall.conversations import write_conversation
 from recall.domain.conversation import parse_conversation
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder, OnnxEmbedder, load_embedder
-from recall.engines.embedded import FLUSH_TEXTS, EmbeddedEngine, db_path
-from recall.engines.embedded.engine import usable_cores
+from recall.engines.embedded.engine import EmbeddedEngine
+from recall.engines.embedded.store import db_path
+from recall.indexing.pieces import FLUSH_TEXTS
 
 
 class HeldEmbedder:

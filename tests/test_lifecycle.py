@@ -36,8 +36,8 @@ from recall.conversations import read_source, write_conversation
 from recall.domain.answers import NO_MEMORY
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.domain.forgetting import forgotten_message, turn_digest
-from recall.engines import make_engine
 from recall.engines.base import ForgetWindows
+from recall.engines.factory import make_engine
 from recall.lifecycle import Lifecycle, UserGates, list_receipts
 from recall.pg.schema import USER_TABLES
 from recall.scheduler import IndexScheduler

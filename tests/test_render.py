@@ -16,8 +16,8 @@ from recall.domain.answers import (
 )
 from recall.engines.embedded.render import render
 from recall.engines.embedded.search import Hit, Notes
-from recall.engines.embedded.store import Neighbour
 from recall.engines.embedded.text import Query
+from recall.indexing.pieces import Neighbour
 
 USER = "0123456789abcdef01234567"  # a user's hash, as the store keys them
 REF = "ref 3703f5ddfa38"  # of USER's conversation c7f3a-mobile-login: pinned, refs must not move

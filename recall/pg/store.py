@@ -102,8 +102,8 @@ async def _all(conn: psycopg.AsyncConnection[Any], query: str, params: Any = ())
     return await (await conn.execute(query, params)).fetchall()
 
 
-# --- what a forget and an erase remove; `recall-server import` (transfer.py) removes the same for
-# what the files store forgot or erased. The caller holds the user's index lock and row. ----------
+# --- what a forget and an erase remove; `recall-server import` (recall/transfer.py) removes the
+# same for what the files store forgot or erased. The caller holds the user's index lock and row. --
 
 
 async def add_tombstones(
@@ -543,7 +543,7 @@ def from_settings(settings: Settings) -> PgStore:
     ranking over the database, and the index runs it claims. ConfigError when the model cannot
     be loaded."""
     from recall.embedder import QUERY_THREADS
-    from recall.engines import configured_embedder, index_workers
+    from recall.indexing.configured import configured_embedder, index_workers
 
     assert settings.database_url is not None  # Settings.problems() requires it
     # This process embeds queries only (on few threads, as the embedded engine); index runs

@@ -1,4 +1,6 @@
-"""`recall-server import DATA_DIR` and `recall-server export --user USER --out DIR`.
+"""`recall-server import DATA_DIR` and `recall-server export --user USER --out DIR`: the bridge
+between the two stores, and the one module that reads both (the files store's layout and
+PostgreSQL's tables); neither store imports it.
 
 Import loads a files store into PostgreSQL (DATABASE_URL, the owner's or the app role's), one
 transaction per user, so an interrupted import resumes where it stopped and a second run changes
