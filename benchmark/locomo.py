@@ -50,7 +50,8 @@ from typing import Any
 
 from fastmcp import Client
 
-from benchmark.run import load_by_backfill, machine, postgres, timing
+from benchmark.common import load_by_backfill, machine, postgres, timing
+from devtools.testing import ROOT, LocalServer, make_server
 from recall.conversations import write_conversation
 from recall.domain.answers import (
     MORE_MATCH,
@@ -64,7 +65,6 @@ from recall.domain.answers import (
 )
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.engines.base import Engine
-from recall.testing import ROOT, LocalServer, make_server
 from recall_server import MAX_QUERY_CHARS
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo-dev.json"
@@ -500,8 +500,9 @@ async def evaluate_engines(
 
 def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
     """Today's embedded engine at each k's settings, sharing one embedding model."""
-    from recall.embedder import PACKAGED, load_embedder
+    from recall.embedder import PACKAGED
     from recall.engines.embedded.engine import EmbeddedEngine
+    from recall.models import load_embedder
     from recall.settings import MODEL_MIN_SIMILARITY
 
     model = os.environ.get("EMBED_MODEL", PACKAGED)
@@ -537,7 +538,8 @@ async def ask_postgres(
     posted through PgStore.put (the write path), all of it before its index run, as the
     backfill loads it (rows are then numbered as the embedded engine numbers them), indexed by
     an IndexRunner, asked through PgSearch at each k's settings."""
-    from recall.embedder import PACKAGED, load_embedder
+    from recall.embedder import PACKAGED
+    from recall.models import load_embedder
     from recall.pg.database import Database
     from recall.pg.index import IndexRunner
     from recall.pg.search import PgSearch

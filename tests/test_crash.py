@@ -31,13 +31,13 @@ from conftest import FakeFunes, conversation, make_server, wait_for
 from fake_funes import validate_file
 from fastmcp import Client
 
-from recall import testing
+from devtools import testing
+from devtools.testing import LocalServer
 from recall.conversations import write_conversation
 from recall.domain.answers import NOTHING_FOUND
 from recall.domain.conversation import SOURCE_SUFFIX, parse_conversation
 from recall.engines.embedded.store import db_path
 from recall.scheduler import needs_index
-from recall.testing import LocalServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

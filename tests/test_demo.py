@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from conftest import ROOT, Server
 
+from devtools.demo import seeded_demo
 from examples.record_runs import COMMAND, RECORD, record
-from recall.demo import seeded_demo
 from recall.domain.answers import (
     NEAR_MISSES,
     NEVER_MENTIONED,

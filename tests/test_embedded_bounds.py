@@ -22,7 +22,7 @@ import pytest
 
 from recall.conversations import write_conversation
 from recall.domain.conversation import parse_conversation, user_dir_name
-from recall.embedder import OnnxEmbedder, load_embedder
+from recall.embedder import OnnxEmbedder
 from recall.engines.embedded.engine import EmbeddedEngine
 from recall.engines.embedded.text import (
     MAX_PHRASE_TERMS,
@@ -33,6 +33,7 @@ from recall.engines.embedded.text import (
     query_terms,
 )
 from recall.engines.factory import make_engine
+from recall.models import load_embedder
 from recall.pg.fts import phrase_stems
 from recall.settings import Settings
 

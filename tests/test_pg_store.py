@@ -19,7 +19,8 @@ from pg import PgDatabase
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.domain.errors import Forgotten, NotDue, NotFound, StoreUnavailable
 from recall.domain.forgetting import expired, turn_digest
-from recall.embedder import Embedder, load_embedder
+from recall.embedder import Embedder
+from recall.models import load_embedder
 from recall.pg.database import Database
 from recall.pg.index import IndexRunner, index_lock
 from recall.pg.schema import key_id

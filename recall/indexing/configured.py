@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # onnxruntime is heavy: imported only where a model is loaded
 def configured_embedder(settings: Settings, threads: int | None = None) -> Embedder:
     """The EMBED_* model, on ``threads`` intra-op threads (None: the embedder's default);
     ConfigError when it cannot be loaded."""
-    from recall.embedder import load_embedder  # onnxruntime: only where a model is needed
+    from recall.models import load_embedder
 
     more = {} if threads is None else {"threads": threads}
     try:

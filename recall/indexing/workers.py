@@ -277,7 +277,7 @@ def main(run_home: RunHome, argv: list[str] | None = None) -> None:
     run_in_background()  # before the model: onnxruntime's threads inherit it
     configure_logging(args.log_level, args.log_format)  # the server's stderr, the server's format
 
-    from recall.embedder import load_embedder
+    from recall.models import load_embedder
 
     embedder = load_embedder(args.model_dir, args.pooling, int8=args.int8, model=args.model)
     out = sys.stdout.buffer
