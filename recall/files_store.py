@@ -1,6 +1,6 @@
 """The files store (STORE=files, the default): one directory per user under DATA_DIR, one server
-process. The layout and every rule are those of recall/conversations.py (the write path),
-recall/lifecycle.py (forget, erase, tombstones, receipts, retention), recall/audit.py and
+process. The rules are recall/domain/'s; the layout is that of recall/conversations.py (the write
+path), recall/lifecycle.py (forget, erase, tombstones, receipts, retention), recall/audit.py and
 recall/scheduler.py (debounced index runs in this process); search is funes or the embedded
 engine over the user's directory. This module only maps a user hash to that directory and runs
 the file work on the server's write threads.
