@@ -116,6 +116,8 @@ def expired(turns: list[Turn], cutoff: datetime) -> bool:
 
 
 def new_receipt(user_hash: str, operation: str, at: datetime, **details: Any) -> dict[str, Any]:
+    """A receipt of ``operation`` ("forget", "erase") done at ``at``: what went, by ``details``
+    (counts, ids, times), never text; each store keeps it its own way."""
     return {
         "receipt": uuid.uuid4().hex,
         "operation": operation,
