@@ -25,7 +25,7 @@ Metrics, per category and overall:
   each history's category-5 (adversarial) questions, and questions about things the history
   never mentions (OFF_TOPIC, kept only where none of their terms occur);
 - near misses: the share of those queries answered with passages under the near-miss label
-  (recall.engines.base.NEAR_MISSES: the query's identifiers are in no conversation, the
+  (recall.domain.answers.NEAR_MISSES: the query's identifiers are in no conversation, the
   passages are the closest to the rest of it), counted apart: they are not presented as a match.
 
 k=3 uses the default settings, k=8 the issue's (RECALL_CANDIDATES 32, MAX_RESULT_CHARS 8000).
