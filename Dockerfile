@@ -103,7 +103,7 @@ ENV ENGINE=embedded \
 # deriving (about 2 s and 400 MB, in every index worker where no cache is writable).
 USER root
 RUN mkdir -p /opt/cache \
- && python -c "from recall.embedder import load_embedder; load_embedder(int8=True)" \
+ && python -c "from recall.models import load_embedder; load_embedder(int8=True)" \
  && chmod -R a+rX /opt/cache
 USER 10001:10001
 

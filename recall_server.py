@@ -35,7 +35,8 @@ from recall.app.lifecycle_routes import LifecycleRoutes
 from recall.app.operations import Operations
 from recall.app.tools import Tools
 from recall.auth import MCP_PATH, TokenFirst
-from recall.conversations import PRIVATE_UMASK, user_dir_name
+from recall.conversations import PRIVATE_UMASK
+from recall.domain.conversation import user_dir_name
 from recall.files_store import hold_data_dir
 from recall.logs import configure_logging
 from recall.memory_api import MemoryApi
@@ -110,7 +111,7 @@ def main() -> None:
 
         sys.exit(migrate(arguments[1:]))
     if arguments[:1] in (["import"], ["export"]):  # STORE=postgres: a files store in, a user out
-        from recall.pg.transfer import main as transfer
+        from recall.transfer import main as transfer
 
         sys.exit(transfer(arguments))
     if arguments[:1] in (["--help"], ["-h"]):  # before the settings: help needs none of them

@@ -5,7 +5,7 @@
     python -m benchmark.load --url http://127.0.0.1:8000 --ingest-key KEY --tokens tokens.json
 
 Bounded: loopback only (a non-loopback URL is refused), every phase stops after `--duration`
-seconds. By default it starts its own server (recall/testing.py, embedded engine, a temporary
+seconds. By default it starts its own server (devtools/testing.py, embedded engine, a temporary
 DATA_DIR, generated key and tokens) so a run is reproducible; `--url` targets a running one.
 
 Phases:
@@ -59,12 +59,12 @@ import psutil
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 
+from benchmark.common import machine, percentile
 from benchmark.history import generate
-from benchmark.run import machine, percentile
-from recall.conversations import user_dir_name
-from recall.engines.base import OUTCOMES
+from devtools.testing import ROOT, LocalServer, make_server
+from recall.domain.answers import OUTCOMES
+from recall.domain.conversation import user_dir_name
 from recall.metrics import PREFIX
-from recall.testing import ROOT, LocalServer, make_server
 
 PHASES = ("ingest", "recall", "mixed", "saturate")
 # Gauges of /metrics that tell how far indexing lags (printed without PREFIX).

@@ -25,7 +25,7 @@ Metrics, per category and overall:
   each history's category-5 (adversarial) questions, and questions about things the history
   never mentions (OFF_TOPIC, kept only where none of their terms occur);
 - near misses: the share of those queries answered with passages under the near-miss label
-  (recall.engines.base.NEAR_MISSES: the query's identifiers are in no conversation, the
+  (recall.domain.answers.NEAR_MISSES: the query's identifiers are in no conversation, the
   passages are the closest to the rest of it), counted apart: they are not presented as a match.
 
 k=3 uses the default settings, k=8 the issue's (RECALL_CANDIDATES 32, MAX_RESULT_CHARS 8000).
@@ -50,10 +50,11 @@ from typing import Any
 
 from fastmcp import Client
 
-from benchmark.run import load_by_backfill, machine, postgres, timing
+from benchmark.common import load_by_backfill, machine, postgres, timing
+from devtools.testing import ROOT, LocalServer, make_server
 from recall.app.answers import MAX_QUERY_CHARS
-from recall.conversations import parse_conversation, user_dir_name, write_conversation
-from recall.engines.base import (
+from recall.conversations import write_conversation
+from recall.domain.answers import (
     MORE_MATCH,
     NEAR_MISSES,
     NEVER_MENTIONED,
@@ -61,10 +62,10 @@ from recall.engines.base import (
     NOT_YET,
     NOTHING_FOUND,
     UNAVAILABLE,
-    Engine,
     Recalled,
 )
-from recall.testing import ROOT, LocalServer, make_server
+from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.engines.base import Engine
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo-dev.json"
 RESULTS = ROOT / "benchmark" / "results"
@@ -499,8 +500,9 @@ async def evaluate_engines(
 
 def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
     """Today's embedded engine at each k's settings, sharing one embedding model."""
-    from recall.embedder import PACKAGED, load_embedder
-    from recall.engines.embedded import EmbeddedEngine
+    from recall.embedder import PACKAGED
+    from recall.engines.embedded.engine import EmbeddedEngine
+    from recall.models import load_embedder
     from recall.settings import MODEL_MIN_SIMILARITY
 
     model = os.environ.get("EMBED_MODEL", PACKAGED)
@@ -536,7 +538,8 @@ async def ask_postgres(
     posted through PgStore.put (the write path), all of it before its index run, as the
     backfill loads it (rows are then numbered as the embedded engine numbers them), indexed by
     an IndexRunner, asked through PgSearch at each k's settings."""
-    from recall.embedder import PACKAGED, load_embedder
+    from recall.embedder import PACKAGED
+    from recall.models import load_embedder
     from recall.pg.database import Database
     from recall.pg.index import IndexRunner
     from recall.pg.search import PgSearch

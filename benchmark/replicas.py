@@ -5,7 +5,7 @@
     python -m benchmark.replicas --parts recall        # the recall parts and the kill run only
 
 A PostgreSQL 18 + pgvector of its own (tests/pg.py), one database; replicas are real server
-processes (recall/testing.py) with STORE=postgres; two of them sit behind deploy/nginx.conf run by
+processes (devtools/testing.py) with STORE=postgres; two of them sit behind deploy/nginx.conf run by
 Debian's nginx (skipped where nginx is missing). Parts, each printed as benchmark/load.py prints:
 
 - one replica: the ingest phase paced at 300 posts/s, the ingest phase back to back, and the
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmark import load
-from recall.testing import ROOT, LocalServer, make_server, running_nginx
+from devtools.testing import ROOT, LocalServer, make_server, running_nginx
 
 LB_HOST = "recall.internal"  # the Host deploy/nginx.conf sends every replica
 

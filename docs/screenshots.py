@@ -2,7 +2,7 @@
 
     .venv/bin/python docs/screenshots.py
 
-Starts a server with the seeded demo (recall/demo.py), lets alice's agent search twice (so the
+Starts a server with the seeded demo (devtools/demo.py), lets alice's agent search twice (so the
 audit has something to show), and photographs the page in Debian's Chromium at a phone's width:
 sign-in, the conversation list, one conversation (at its first table), search results (at the
 first hit) and the audit. Needs /usr/bin/chromium (apt-get install chromium) and the test extra
@@ -18,9 +18,11 @@ from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
-from recall.demo import CHROMIUM, CHROMIUM_ARGS, seeded_demo
-
 DOCS = Path(__file__).resolve().parent
+sys.path.insert(0, str(DOCS.parent))  # this checkout: devtools/ is not installed
+
+from devtools.demo import CHROMIUM, CHROMIUM_ARGS, seeded_demo  # noqa: E402 - after the path above
+
 VIEWPORT = {"width": 390, "height": 760}  # a phone's width keeps the PNGs small
 AGENT_QUERIES = ("N-11 upgrade decision", "MT-4471 owner")
 

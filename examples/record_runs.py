@@ -4,7 +4,7 @@
     python -m examples.record_runs [--out ...]   (the same)
 
 Starts recall_server.py with the embedded engine and the demo tokens, seeded by seeds/seed.py the
-way the chat gateway does (recall.demo.seeded_demo, the same server tests/test_demo.py asks),
+way the chat gateway does (devtools.demo.seeded_demo, the same server tests/test_demo.py asks),
 sends the short queries an agent sends for each question through an MCP client, and writes every
 answer verbatim to a Markdown file. The file holds nothing that changes from run to run (no
 recording date, no timings): the same code gives the same file, and
@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent  # the checkout this script is in
 # or seeds/ beside it, and which records the code as installed, not as it is now.
 sys.path.insert(0, str(ROOT))
 
-from recall.demo import seeded_demo  # noqa: E402 - after the path above
+from devtools.demo import seeded_demo  # noqa: E402 - after the path above
+from devtools.testing import LocalServer  # noqa: E402
 from recall.settings import Settings  # noqa: E402
-from recall.testing import LocalServer  # noqa: E402
 
 RECORD = ROOT / "examples" / "recall-runs.md"
 COMMAND = ".venv/bin/python examples/record_runs.py"

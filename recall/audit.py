@@ -3,7 +3,7 @@
 A line says when, which client (the token's `azp`/`client_id`, never the user), the query
 searched, the outcome, and which passages were served: for each, the conversation and turn it
 came from, the turn's time and its role (when the engine says), never their text. Where the
-passages came from is what the engine told (recall.engines.base.Passage), never read back out of
+passages came from is what the engine told (recall.domain.answers.Passage), never read back out of
 the answer's text, which holds the user's own words. The audit is the user's data: it lives in
 their directory, so it goes with them, and only the ingest key's holder (`POST /audit`) and the
 user's own token (the memory page's `GET /api/me/audit`, a page at a time) read it back.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from recall.conversations import fsync_dir, private_file
-from recall.engines.base import Passage, Recalled, outcome
+from recall.domain.answers import Passage, Recalled, outcome
 
 AUDIT_FILE = "audit.jsonl"
 READ_BLOCK = 64 * 1024  # a page is read from the end backwards, this much at a time

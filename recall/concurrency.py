@@ -140,3 +140,11 @@ class Glance(Generic[T]):
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's cpuset sets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from recall.conversations import LONE_SURROGATE
+from recall.domain.conversation import LONE_SURROGATE
 
 MAX_TOKENS = 256  # the length all-MiniLM-L6-v2 was trained with; longer text is cut
 BATCH = 64  # texts per model run: large enough to amortise the call
@@ -284,33 +284,6 @@ MULTILINGUAL = "multilingual-e5-small"  # recall/multilingual.py
 MODELS = (PACKAGED, MULTILINGUAL)
 
 
-def load_embedder(
-    model_dir: Path | None = None,
-    pooling: str = "mean",
-    threads: int = THREADS,
-    *,
-    int8: bool = False,
-    cache: Path | None = None,
-    model: str = PACKAGED,
-) -> Embedder:
-    """The packaged MiniLM, or ``model_dir/model.onnx`` (or its single ``*.onnx``) with
-    ``model_dir/tokenizer.json``, on ``threads`` intra-op threads; with ``int8``, in its int8
-    graph (cached under ``cache``, by default ``model_cache()``). ``model`` names one of
-    MODELS: the multilingual one takes none of the other arguments (ValueError)."""
-    if model == MULTILINGUAL:
-        if model_dir is not None or int8 or pooling != "mean":
-            raise ValueError(
-                f"EMBED_MODEL={MULTILINGUAL} takes no EMBED_MODEL_DIR, EMBED_POOLING or "
-                "EMBED_COMPUTE=int8 (those are for an ONNX model)"
-            )
-        from recall.multilingual import E5Embedder
-
-        return E5Embedder()
-    if model != PACKAGED:
-        raise ValueError(f"EMBED_MODEL must be one of {', '.join(MODELS)}")
-    return load_onnx_embedder(model_dir, pooling, threads, int8=int8, cache=cache)
-
-
 def load_onnx_embedder(
     model_dir: Path | None = None,
     pooling: str = "mean",
@@ -319,7 +292,8 @@ def load_onnx_embedder(
     int8: bool = False,
     cache: Path | None = None,
 ) -> OnnxEmbedder:
-    """``load_embedder`` for an ONNX model (the packaged MiniLM or EMBED_MODEL_DIR's)."""
+    """``recall.models.load_embedder`` for an ONNX model (the packaged MiniLM or
+    EMBED_MODEL_DIR's)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we batch ourselves; keep 2 cores
     source, tokenizer = _default_files() if model_dir is None else _files_in(model_dir)
     if not int8:

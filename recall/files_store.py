@@ -1,6 +1,6 @@
 """The files store (STORE=files, the default): one directory per user under DATA_DIR, one server
-process. The layout and every rule are those of recall/conversations.py (the write path),
-recall/lifecycle.py (forget, erase, tombstones, receipts, retention), recall/audit.py and
+process. The rules are recall/domain/'s; the layout is that of recall/conversations.py (the write
+path), recall/lifecycle.py (forget, erase, tombstones, receipts, retention), recall/audit.py and
 recall/scheduler.py (debounced index runs in this process); search is funes or the embedded
 engine over the user's directory. This module only maps a user hash to that directory and runs
 the file work on the server's write threads.
@@ -20,16 +20,15 @@ from pathlib import Path
 from recall import audit
 from recall.concurrency import run_in
 from recall.conversations import (
-    CONVERSATION_ID,
     PRIVATE_DIR,
-    SOURCE_SUFFIX,
-    Conversation,
     read_source,
     remove_leftovers,
     source_files,
     write_conversation,
 )
-from recall.engines.base import Engine, Recalled
+from recall.domain.answers import Recalled
+from recall.domain.conversation import CONVERSATION_ID, SOURCE_SUFFIX, Conversation
+from recall.engines.base import Engine
 from recall.lifecycle import Lifecycle, UserGates, admit_for, list_receipts, user_homes
 from recall.logs import user_fields
 from recall.metrics import data_dir_writable

@@ -8,10 +8,9 @@ On disk (see docs/CONTRACTS.md):
                                            an erasure's receipt outlives what it erased
     DATA_DIR/_keys/tombstone.key           the key of the digests (64 hex digits), made once
 
-A digest is the first 16 bytes (hex) of HMAC-SHA256, under the server's tombstone key, of one
-stored turn's role, time and text (`turn_digest`): what the turn is, not when it was posted, so
-neither the gateway's clock nor the recalled mark decides what stays forgotten. Without the key a
-digest does not confirm a guessed text. "erased" and "conversations" are times, written by
+The digests, what a tombstone admits, expiry and receipts are values of recall/domain/
+forgetting.py; this module keeps them on disk and runs the operations under the files' locks.
+"erased" and "conversations" are times, written by
 versions before digests and never added to since: what they forgot stays forgotten by their rule
 (the turns stamped at or before that time).
 
@@ -38,8 +37,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import functools
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -49,25 +46,32 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from recall import audit
 from recall.concurrency import run_in
 from recall.conversations import (
-    CONVERSATION_ID,
     PRIVATE_DIR,
-    SOURCE_SUFFIX,
-    Conversation,
-    InvalidConversation,
-    Limits,
-    _text,
     conversation_lock,
     fsync_dir,
     private_file,
     source_files,
+)
+from recall.domain.conversation import SOURCE_SUFFIX, Conversation, Turn, readable_lines
+from recall.domain.errors import NotDue, NotFound
+from recall.domain.forgetting import (
+    EVERYTHING,
+    Forgetting,
+    admitted,
+    expired,
+    moment,
+    new_receipt,
+    now_utc,
+    stamp,
+    turn_digest,
 )
 from recall.engines.base import Engine, ForgetWindows
 from recall.scheduler import IndexScheduler
@@ -76,65 +80,8 @@ log = logging.getLogger("recall.lifecycle")
 
 TOMBSTONES = "tombstones.json"
 RECEIPTS_DIR = "_receipts"  # not a user directory: user directories are 24 hex characters
-EVERYTHING = "*"  # what an erasure's window hides: not a conversation id (those are [A-Za-z0-9_-])
 KEYS_DIR = "_keys"
 TOMBSTONE_KEY = "tombstone.key"
-DIGEST_BYTES = 16  # 128 bits: no two turns of a user meet by chance
-
-Turn = dict[str, Any]  # one source line (funes format 1)
-
-
-class Forgotten(Exception):
-    """A post whose every turn is forgotten (its conversation's tombstone, or the erasure)."""
-
-
-def forgotten_message(receipts: list[dict[str, Any]], conversation_id: str) -> str:
-    """The 410 of a post whose every turn was forgotten, naming the operation that did it: the
-    last receipt that covers the conversation (an erase covers all; a forget, by request or by
-    retention, its own). Fixed texts only: no id, time or value, so it can be logged as is."""
-    covering = [
-        receipt
-        for receipt in receipts
-        if receipt.get("operation") == "erase"
-        or (receipt.get("operation"), receipt.get("conversation_id")) == ("forget", conversation_id)
-    ]
-    last = covering[-1] if covering else {}
-    if last.get("operation") == "erase":
-        done, by = "erased", "an erase of this user"
-    elif last.get("reason") == "retention":
-        done, by = "forgotten", "the retention sweep (RETENTION_DAYS)"
-    else:
-        done, by = "forgotten", "a forget of this conversation"
-    return (
-        f"conversation_id: every turn of this post was {done} by {by}, and is never stored "
-        "again (new turns are); nothing was written"
-    )
-
-
-def now_utc() -> datetime:
-    return datetime.now(UTC)
-
-
-def _stamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def _moment(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-
-
-def parse_request(body: Any, limits: Limits, *, conversation: bool) -> tuple[str, str]:
-    """(user, conversation_id or "") of a /forget, /erase or /receipts body; InvalidConversation
-    names the field."""
-    if not isinstance(body, dict):
-        raise InvalidConversation("body: must be a JSON object")
-    user = _text(body.get("user"), "user", max_chars=limits.max_user_chars)
-    if not conversation:
-        return user, ""
-    cid = body.get("conversation_id")
-    if not isinstance(cid, str) or not CONVERSATION_ID.fullmatch(cid):
-        raise InvalidConversation("conversation_id: must match [A-Za-z0-9_-]{1,128}")
-    return user, cid
 
 
 # --- the tombstone key: the one place it is kept (another store may keep it elsewhere) --------
@@ -172,19 +119,6 @@ def tombstone_key(data_dir: Path) -> bytes:
         raise ValueError(f"{KEYS_DIR}/{TOMBSTONE_KEY}: not 64 hex digits")
     _keys[path] = key
     return key
-
-
-def turn_digest(key: bytes, turn: Turn) -> str:
-    """What a stored turn is, keyed: its role, its time as stored and its text as stored (after
-    redaction; the blocks' texts joined). Not its id, seq or recalled mark: a re-post that changes
-    those is still the same turn."""
-    blocks = turn.get("blocks")
-    if not isinstance(blocks, list):  # a damaged line: its role and time still count
-        blocks = []
-    texts = [block.get("text") for block in blocks if isinstance(block, dict)]
-    text = "\n".join(t for t in texts if isinstance(t, str))
-    canonical = json.dumps([turn.get("role"), turn.get("ts"), text], separators=(",", ":"))
-    return hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()[: 2 * DIGEST_BYTES]
 
 
 # --- tombstones ------------------------------------------------------------------------------
@@ -233,41 +167,11 @@ def _tombstoned(home: Path, conversation_id: str) -> bool:
     )
 
 
-def _time_rule(tombstones: dict[str, Any], conversation_id: str) -> datetime | None:
+def time_rule(tombstones: dict[str, Any], conversation_id: str) -> datetime | None:
     """A tombstone from before digests: the time at or before which nothing may come back."""
     stamps = [tombstones["erased"], tombstones["conversations"].get(conversation_id)]
-    moments = [_moment(s) for s in stamps if s]
+    moments = [moment(s) for s in stamps if s]
     return max(moments) if moments else None
-
-
-@dataclass(frozen=True)
-class Forgetting:
-    """What one conversation's tombstones forget, wherever they are kept: digests of its turns,
-    by the key that made them (a store may hold digests of several keys, e.g. imported ones),
-    and the time rule of tombstones from before digests."""
-
-    digests: dict[bytes, frozenset[str]] = field(default_factory=dict)
-    before: datetime | None = None
-
-
-def admitted(conversation: Conversation, forgetting: Forgetting) -> Conversation:
-    """What of a post may be stored: every turn that is not a forgotten one, renumbered
-    densely; Forgotten when none is. Pure: every store decides with it, under its own lock."""
-    digests = {key: found for key, found in forgetting.digests.items() if found}
-    before = forgetting.before
-    if not digests and before is None:
-        return conversation
-
-    def forgotten(turn: Turn) -> bool:
-        if before is not None and _moment(turn["ts"]) <= before:
-            return True
-        return any(turn_digest(key, turn) in found for key, found in digests.items())
-
-    kept = [turn for turn in conversation.lines if not forgotten(turn)]
-    if not kept:
-        raise Forgotten
-    lines = [{**turn, "seq": seq} for seq, turn in enumerate(kept)]
-    return replace(conversation, lines=lines)
 
 
 def admit(home: Path, conversation: Conversation) -> Conversation:
@@ -275,7 +179,7 @@ def admit(home: Path, conversation: Conversation) -> Conversation:
     conversation's lock): see `admitted`."""
     tombstones = read_tombstones(home)
     digests = frozenset(tombstones["turns"].get(conversation.conversation_id, []))
-    before = _time_rule(tombstones, conversation.conversation_id)
+    before = time_rule(tombstones, conversation.conversation_id)
     keyed = {tombstone_key(home.parent): digests} if digests else {}  # the key on first need
     return admitted(conversation, Forgetting(keyed, before))
 
@@ -284,17 +188,6 @@ def readable_turns(path: Path) -> list[Turn]:
     """The turns of a source that can be read, skipping a line that cannot (the digests of a
     forget are taken from these: a damaged line must not keep the rest from its tombstone)."""
     return readable_lines(path.read_bytes())
-
-
-def readable_lines(stored: bytes) -> list[Turn]:
-    """The turns of a stored conversation's bytes that can be read (see `readable_turns`)."""
-    turns = []
-    for raw in stored.splitlines():
-        with suppress(ValueError):  # not UTF-8 or not JSON
-            turn = json.loads(raw)
-            if isinstance(turn, dict):
-                turns.append(turn)
-    return turns
 
 
 # --- forget ----------------------------------------------------------------------------------
@@ -306,11 +199,6 @@ class SourceRemoved:
 
 
 ALREADY_FORGOTTEN = "already forgotten"
-
-
-class NotDue(Exception):
-    """A conditional forget's condition no longer held under the conversation's lock (it was
-    resumed after the retention sweep listed it): nothing was removed, no receipt written."""
 
 
 def remove_source(
@@ -387,16 +275,6 @@ def _last_forget_receipt(
     return forgets[-1] if forgets else None
 
 
-def _receipt(user_hash: str, operation: str, at: datetime, **details: Any) -> dict[str, Any]:
-    return {
-        "receipt": uuid.uuid4().hex,
-        "operation": operation,
-        "user": user_hash,
-        "at": _stamp(at),
-        **details,
-    }
-
-
 # --- erase -----------------------------------------------------------------------------------
 
 
@@ -422,15 +300,6 @@ def erase_home(home: Path) -> dict[str, int]:
 
 
 # --- retention -------------------------------------------------------------------------------
-
-
-def expired(turns: list[Turn], cutoff: datetime) -> bool:
-    """Whether a conversation's last turn is older than ``cutoff`` (no, when a time is
-    unreadable)."""
-    try:
-        return max(_moment(turn["ts"]) for turn in turns) < cutoff
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return False
 
 
 def expired_conversations(home: Path, cutoff: datetime) -> list[str]:
@@ -486,10 +355,6 @@ class UserGates:
                 self._changed.notify_all()
 
 
-class NotFound(Exception):
-    """No such conversation was ever stored (or it was never forgotten)."""
-
-
 @dataclass
 class Lifecycle:
     data_dir: Path
@@ -529,7 +394,7 @@ class Lifecycle:
                 removed = SourceRemoved(0)  # the engine failed last time: try it again
             assert isinstance(removed, SourceRemoved)
             rows = await self.engine.forget(home, conversation_id)
-            receipt = _receipt(
+            receipt = new_receipt(
                 home.name,
                 "forget",
                 at,
@@ -548,7 +413,9 @@ class Lifecycle:
         try:
             async with self.gates.erase(home), self.scheduler.exclusive(home):
                 removed = await run_in(self.writes, erase_home, home)
-                receipt = _receipt(home.name, "erase", at, removed={**removed, "index_rows": None})
+                receipt = new_receipt(
+                    home.name, "erase", at, removed={**removed, "index_rows": None}
+                )
                 await run_in(self.writes, add_receipt, self.data_dir, home.name, receipt)
         finally:
             self.erasures.close(window)
@@ -566,7 +433,7 @@ class Lifecycle:
                     await self.forget(home, conversation_id, "retention", still_expired)
                     forgotten += 1
             # The recall audit is the user's data too: its old lines go with the same retention.
-            await run_in(self.writes, audit.prune, home, _stamp(cutoff))
+            await run_in(self.writes, audit.prune, home, stamp(cutoff))
         return forgotten
 
 

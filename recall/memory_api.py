@@ -44,11 +44,11 @@ from starlette.responses import JSONResponse, Response
 
 from recall import audit
 from recall.auth import user_from_token
-from recall.conversations import CONVERSATION_ID, conversation_ref, is_recalled
-from recall.engines.base import EngineError, Passage, Recalled
-from recall.lifecycle import NotFound
+from recall.domain.answers import Passage, Recalled
+from recall.domain.conversation import CONVERSATION_ID, conversation_ref, is_recalled
+from recall.domain.errors import EngineError, NotFound, StoreUnavailable
 from recall.reading import find, turn_text
-from recall.store import Store, StoreUnavailable
+from recall.store import Store
 from recall.transport import BodyTooLarge, read_limited
 
 log = logging.getLogger("recall.memory")

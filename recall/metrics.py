@@ -32,8 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from recall.concurrency import BoundedRuns
-from recall.engines.base import OUTCOMES, Recalled
-from recall.engines.base import outcome as answer_outcome
+from recall.domain.answers import OUTCOMES, Recalled
+from recall.domain.answers import outcome as answer_outcome
 
 PREFIX = "recall_server_"
 # A `_created` timestamp series beside every counter and histogram only doubles the page (and

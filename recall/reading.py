@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from recall import audit
-from recall.conversations import REF, REF_CHARS, conversation_ref, is_recalled
-from recall.engines.base import OUTCOMES, Passage, Recalled
+from recall.domain.answers import OUTCOMES, Passage, Recalled
+from recall.domain.conversation import REF, REF_CHARS, conversation_ref, is_recalled
 from recall.store import Store, Turn
 
 READ_TOOL = "read_my_conversation"

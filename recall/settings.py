@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from recall.conversations import Limits
+from recall.domain.conversation import Limits
 from recall.redaction import BadPatterns, Redactor
 
 # Words that mark a key copied from a sample rather than generated (compared lowercased).

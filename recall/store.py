@@ -8,8 +8,9 @@ implements both halves below; the server knows only these methods.
 - **Store**, the truth: conversations, tombstones, receipts, the audit, the index queue.
 - **Search**, the engine: is there something to search, and recall.
 
-Every method may raise StoreUnavailable when the store cannot be reached (the database is down):
-the write routes answer 503 with Retry-After, the tool fails soft, nothing is acknowledged.
+Every method may raise StoreUnavailable (recall/domain/errors.py) when the store cannot be reached
+(the database is down): the write routes answer 503 with Retry-After, the tool fails soft,
+nothing is acknowledged. What is stored and the rules both stores apply are recall/domain/'s.
 """
 
 from __future__ import annotations
@@ -17,19 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from recall.conversations import Conversation
-from recall.engines.base import Recalled
+from recall.domain.answers import Recalled
+from recall.domain.conversation import Conversation, Turn
 
-Turn = dict[str, Any]  # one stored line, funes format 1
 Receipt = dict[str, Any]
 AuditLine = dict[str, Any]
 Mark = Any  # what `mark` returns and `erased_since` compares: opaque to the server
 MemoryState = Literal["none", "pending", "unindexed", "behind", "ready"]
-
-
-class StoreUnavailable(Exception):
-    """The store cannot be reached now (the database is down); a retry later may succeed.
-    The message names the cause, never user data."""
 
 
 class Store(Protocol):

@@ -16,10 +16,10 @@ import pytest
 from pg import NoPostgres, PgDatabase, PgServer, table_rows
 from psycopg.types.json import Jsonb
 
-from recall import testing
-from recall.conversations import user_dir_name
+from devtools import testing
+from devtools.testing import LocalServer
+from recall.domain.conversation import user_dir_name
 from recall.files_store import DATA_DIR_LOCK
-from recall.testing import LocalServer
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_FUNES = Path(__file__).resolve().parent / "fake_funes.py"
@@ -103,7 +103,7 @@ Server = LocalServer
 
 
 def make_server(tmp_path: Path, **settings: str) -> LocalServer:
-    """A server for alice and bob (recall.testing.make_server), with a short debounce so an index
+    """A server for alice and bob (devtools.testing.make_server), with a short debounce so an index
     run follows a post quickly."""
     defaults = {"INDEX_DEBOUNCE": "0.2", "LOG_LEVEL": "INFO"}
     return testing.make_server(tmp_path, **{**defaults, **settings})

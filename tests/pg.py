@@ -36,8 +36,8 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from devtools.testing import free_port
 from recall.pg.schema import APP_ROLE, USER_TABLES, migrate
-from recall.testing import free_port
 
 T = TypeVar("T")
 

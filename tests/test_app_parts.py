@@ -26,19 +26,11 @@ from recall.app.ingest import Ingest
 from recall.app.operations import Operations
 from recall.app.tools import Tools
 from recall.concurrency import BoundedRuns
-from recall.conversations import Conversation, user_dir_name
-from recall.engines.base import (
-    NO_MEMORY,
-    NOT_YET,
-    UNAVAILABLE,
-    EngineError,
-    Passage,
-    Recalled,
-)
-from recall.lifecycle import Forgotten
+from recall.domain.answers import NO_MEMORY, NOT_YET, UNAVAILABLE, Passage, Recalled
+from recall.domain.conversation import Conversation, user_dir_name
+from recall.domain.errors import EngineError, Forgotten, StoreUnavailable
 from recall.metrics import Metrics
 from recall.settings import Settings
-from recall.store import StoreUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 80

@@ -16,7 +16,7 @@ import pytest
 from conftest import Backing, FakeFunes, Server, conversation, make_server
 
 from recall.audit import AUDIT_FILE, entry
-from recall.engines.base import NEVER_MENTIONED, NO_MEMORY, NOT_YET, Passage, Recalled
+from recall.domain.answers import NEVER_MENTIONED, NO_MEMORY, NOT_YET, Passage, Recalled
 
 
 def post_audit(server: Server, body: Any, key: str | None = "default") -> tuple[int, Any]:

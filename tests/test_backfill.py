@@ -9,7 +9,8 @@ from pathlib import Path
 
 from conftest import ROOT, conversation, make_server, turn
 
-from recall.conversations import read_source, user_dir_name
+from recall.conversations import read_source
+from recall.domain.conversation import user_dir_name
 from recall.scheduler import needs_index
 
 

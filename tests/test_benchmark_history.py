@@ -12,7 +12,7 @@ import pytest
 
 from benchmark import history
 from benchmark.history import History, generate
-from recall.conversations import parse_conversation
+from recall.domain.conversation import parse_conversation
 
 EQUIPMENT_ID = re.compile(r"\b[PKSCEVL]-\d+\b")  # machine and line IDs; MT-/D- refs never match
 

@@ -17,7 +17,7 @@ from benchmark import history_clinic as clinic
 from benchmark.history import History
 from benchmark.report import write_report
 from benchmark.run import HISTORIES
-from recall.conversations import parse_conversation
+from recall.domain.conversation import parse_conversation
 
 BRANCHES = frozenset(p + s for p in clinic.PLACE_PREFIXES for s in clinic.PLACE_SUFFIXES)
 # Names a question may share with its fact: staff, patients, branches (lower-cased words).

@@ -14,7 +14,7 @@ from benchmark import languages
 from benchmark.history import History
 from benchmark.report import hits_table
 from benchmark.run import HISTORIES, env_setting, server
-from recall.conversations import parse_conversation
+from recall.domain.conversation import parse_conversation
 
 CODES = ("de", "es", "zh")
 HAN = "\u4e00-\u9fff"

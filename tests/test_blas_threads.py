@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from recall.testing import ROOT
+from devtools.testing import ROOT
 
 # In a fresh interpreter: the server's module, then the number of threads OpenBLAS will use.
 OPENBLAS_THREADS = """

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, FakeFunes, conversation, make_server
 
+from devtools.testing import free_port
 from recall.settings import GENERATE_KEY, Settings
-from recall.testing import free_port
 
 LEVELS = "DEBUG, INFO, WARNING, ERROR"
 

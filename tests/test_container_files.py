@@ -28,9 +28,9 @@ import pytest
 import yaml
 from conftest import conversation, make_server
 
+from devtools.testing import NGINX_CONF, REPLICA_NAMES, free_port, nginx_copy, running_nginx
 from recall.pg.schema import APP_ROLE
 from recall.settings import Settings
-from recall.testing import NGINX_CONF, REPLICA_NAMES, free_port, nginx_copy, running_nginx
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"

@@ -31,12 +31,13 @@ from conftest import FakeFunes, conversation, make_server, wait_for
 from fake_funes import validate_file
 from fastmcp import Client
 
-from recall import testing
-from recall.conversations import SOURCE_SUFFIX, parse_conversation, write_conversation
-from recall.engines.base import NOTHING_FOUND
-from recall.engines.embedded import db_path
+from devtools import testing
+from devtools.testing import LocalServer
+from recall.conversations import write_conversation
+from recall.domain.answers import NOTHING_FOUND
+from recall.domain.conversation import SOURCE_SUFFIX, parse_conversation
+from recall.engines.embedded.store import db_path
 from recall.scheduler import needs_index
-from recall.testing import LocalServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -256,7 +257,8 @@ def killed_writer(data_dir: Path, body: dict[str, Any]) -> None:
     program = f"""
 import os, signal, sys
 from pathlib import Path
-from recall.conversations import parse_conversation, user_dir_name, write_conversation
+from recall.conversations import write_conversation
+from recall.domain.conversation import parse_conversation, user_dir_name
 os.replace = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
 body = {body!r}
 write_conversation(Path({str(data_dir)!r}) / user_dir_name(body["user"]), parse_conversation(body))

@@ -13,9 +13,15 @@ from collections.abc import Iterator
 import pytest
 from conftest import ROOT, Server
 
+from devtools.demo import seeded_demo
 from examples.record_runs import COMMAND, RECORD, record
-from recall.demo import seeded_demo
-from recall.engines.base import NEAR_MISSES, NEVER_MENTIONED, NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
+from recall.domain.answers import (
+    NEAR_MISSES,
+    NEVER_MENTIONED,
+    NO_MEMORY,
+    NOTHING_FOUND,
+    UNAVAILABLE,
+)
 
 INDEX_TIMEOUT = 180.0  # seconds for both users' index runs to catch up after seeding
 

@@ -20,17 +20,20 @@ from typing import Any
 
 import pytest
 
-from recall.conversations import parse_conversation, user_dir_name, write_conversation
-from recall.embedder import OnnxEmbedder, load_embedder
-from recall.engines import make_engine
-from recall.engines.embedded import (
-    EmbeddedEngine,
+from recall.conversations import write_conversation
+from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.embedder import OnnxEmbedder
+from recall.engines.embedded.engine import EmbeddedEngine
+from recall.engines.embedded.text import (
+    MAX_PHRASE_TERMS,
+    PHRASE,
     coverage,
     focus_terms,
     identifier_forms,
     query_terms,
 )
-from recall.engines.embedded.text import MAX_PHRASE_TERMS, PHRASE
+from recall.engines.factory import make_engine
+from recall.models import load_embedder
 from recall.pg.fts import phrase_stems
 from recall.settings import Settings
 

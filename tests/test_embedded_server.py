@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import Server, conversation, make_server, turn, wait_for
 
-from recall.embedder import load_embedder, packaged_fingerprint
-from recall.engines.base import UNAVAILABLE
-from recall.engines.embedded import db_path
-from recall.engines.embedded.store import stored
+from recall.domain.answers import UNAVAILABLE
+from recall.embedder import packaged_fingerprint
+from recall.engines.embedded.store import db_path, stored
+from recall.models import load_embedder
 from recall.scheduler import needs_index
 
 USERS = ["alice", "bob", *(f"user-{n}" for n in range(2, 8))]

@@ -14,11 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recall.conversations import parse_conversation, write_conversation
-from recall.embedder import Embedder, OnnxEmbedder, load_embedder
-from recall.engines.base import EngineError
-from recall.engines.embedded import FLUSH_TEXTS, EmbeddedEngine, db_path
-from recall.engines.embedded.engine import usable_cores
+from recall.concurrency import usable_cores
+from recall.conversations import write_conversation
+from recall.domain.conversation import parse_conversation
+from recall.domain.errors import EngineError
+from recall.embedder import Embedder, OnnxEmbedder
+from recall.engines.embedded.engine import EmbeddedEngine
+from recall.engines.embedded.store import db_path
+from recall.indexing.pieces import FLUSH_TEXTS
+from recall.models import load_embedder
 
 
 class HeldEmbedder:

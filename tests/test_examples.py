@@ -33,8 +33,8 @@ from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from test_auth import claims, jwt_settings, signed
 
+from devtools.testing import free_port
 from examples.record_runs import RECORD
-from recall.testing import free_port
 
 EXAMPLES = ROOT / "examples"
 

@@ -19,14 +19,14 @@ from conftest import (
     wait_for,
 )
 
-from recall.conversations import (
+from recall.conversations import write_conversation
+from recall.domain.answers import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
+from recall.domain.conversation import (
     SOURCE_SUFFIX,
     conversation_ref,
     parse_conversation,
     user_dir_name,
-    write_conversation,
 )
-from recall.engines.base import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
 from recall.engines.funes import FunesEngine, parse_hits, render_hits
 
 

@@ -24,9 +24,9 @@ from conftest import make_server
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from recall.conversations import user_dir_name
-from recall.engines.base import NO_MEMORY, UNAVAILABLE
-from recall.testing import LocalServer
+from devtools.testing import LocalServer
+from recall.domain.answers import NO_MEMORY, UNAVAILABLE
+from recall.domain.conversation import user_dir_name
 
 # Stable on a loaded 2-core machine: no per-example deadline, no example database left behind,
 # and a failure prints the blob that reproduces it.

@@ -10,7 +10,7 @@ from typing import Any
 
 from conftest import FakeFunes, Server, conversation, make_server, wait_for
 
-from recall.engines.base import UNAVAILABLE
+from recall.domain.answers import UNAVAILABLE
 
 
 def runs(funes: FakeFunes) -> list[dict[str, Any]]:

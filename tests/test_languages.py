@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import Backing, Server, conversation
 
-from recall import testing
+from devtools import testing
 from recall.embedder import MULTILINGUAL
 from recall.engines.embedded.text import UNSTEMMED
 from recall.pg.fts import count_terms, phrase_stems

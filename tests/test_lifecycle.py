@@ -32,10 +32,13 @@ from pg import PgDatabase, PgServer
 
 from recall import lifecycle
 from recall.audit import AUDIT_FILE as AUDIT
-from recall.conversations import parse_conversation, read_source, user_dir_name, write_conversation
-from recall.engines import make_engine
-from recall.engines.base import NO_MEMORY, ForgetWindows
-from recall.lifecycle import Lifecycle, UserGates, list_receipts, turn_digest
+from recall.conversations import read_source, write_conversation
+from recall.domain.answers import NO_MEMORY
+from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.domain.forgetting import forgotten_message, turn_digest
+from recall.engines.base import ForgetWindows
+from recall.engines.factory import make_engine
+from recall.lifecycle import Lifecycle, UserGates, list_receipts
 from recall.pg.schema import USER_TABLES
 from recall.scheduler import IndexScheduler
 from recall.settings import Settings
@@ -760,7 +763,5 @@ def test_the_410_names_the_retention_sweep_when_it_forgot_the_conversation() -> 
         {"operation": "forget", "conversation_id": "other", "reason": "request"},
         {"operation": "forget", "conversation_id": "c1", "reason": "retention"},
     ]
-    assert "forgotten by the retention sweep (RETENTION_DAYS)" in lifecycle.forgotten_message(
-        receipts, "c1"
-    )
-    assert "erased by an erase of this user" in lifecycle.forgotten_message(receipts, "c2")
+    assert "forgotten by the retention sweep (RETENTION_DAYS)" in forgotten_message(receipts, "c1")
+    assert "erased by an erase of this user" in forgotten_message(receipts, "c2")

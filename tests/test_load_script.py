@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from benchmark.load import is_loopback_url, parse_args, server_side_shares
-from recall.testing import ROOT
+from devtools.testing import ROOT
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The test-server factory (recall/testing.py) under parallel test workers: a port is the OS's
+"""The test-server factory (devtools/testing.py) under parallel test workers: a port is the OS's
 choice, and another program may take it before the server binds it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from conftest import make_server
 from pg import NoPostgres, PgServer
 
-from recall.testing import listens
+from devtools.testing import listens
 
 
 class AlwaysHealthy(BaseHTTPRequestHandler):

@@ -20,8 +20,8 @@ from benchmark.locomo import (
     to_history,
 )
 from benchmark.report import write_report
-from recall.conversations import parse_conversation
-from recall.engines.base import NEAR_MISSES, NEVER_MENTIONED, NOTHING_FOUND
+from recall.domain.answers import NEAR_MISSES, NEVER_MENTIONED, NOTHING_FOUND
+from recall.domain.conversation import parse_conversation
 
 POTTERY = "I moved to   Valparaiso last spring for a POTTERY apprenticeship with a master glazer."
 

@@ -17,8 +17,8 @@ import pytest
 from conftest import ROOT, Backing, Server, conversation, make_server, wait_for
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 
-from recall.conversations import conversation_ref, user_dir_name
-from recall.engines.base import NEAR_MISSES, NEVER_MENTIONED, NO_MEMORY
+from recall.domain.answers import NEAR_MISSES, NEVER_MENTIONED, NO_MEMORY
+from recall.domain.conversation import conversation_ref, user_dir_name
 
 STATIC = ROOT / "recall" / "static"
 ALICE_SYNC = conversation(

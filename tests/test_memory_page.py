@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import Server, turn
 
-from recall.conversations import conversation_ref, user_dir_name
-from recall.demo import CHROMIUM, CHROMIUM_ARGS, seeded_demo
+from devtools.demo import CHROMIUM, CHROMIUM_ARGS, seeded_demo
+from recall.domain.conversation import conversation_ref, user_dir_name
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),

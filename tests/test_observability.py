@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_auth import mcp_status
 
 import recall_server
-from recall.conversations import user_dir_name
-from recall.engines.base import NO_MEMORY, UNAVAILABLE
+from recall.domain.answers import NO_MEMORY, UNAVAILABLE
+from recall.domain.conversation import user_dir_name
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

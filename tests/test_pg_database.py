@@ -13,8 +13,8 @@ import pytest
 from pg import PgDatabase, PgServer
 from psycopg import sql
 
+from recall.domain.errors import StoreUnavailable
 from recall.pg.database import Database
-from recall.store import StoreUnavailable
 
 ALICE, BOB = "a" * 24, "b" * 24
 

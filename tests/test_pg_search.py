@@ -29,13 +29,17 @@ from test_embedded_engine import CORPUS, CountingEmbedder
 
 import recall.pg.index
 from benchmark.history import generate
-from recall.conversations import parse_conversation, user_dir_name, write_conversation
-from recall.embedder import Embedder, OnnxEmbedder, load_embedder
-from recall.engines.base import UNAVAILABLE, EngineError
-from recall.engines.embedded import EmbeddedEngine, Query, db_path
+from recall.conversations import write_conversation
+from recall.domain.answers import UNAVAILABLE
+from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.domain.errors import EngineError
+from recall.embedder import Embedder, OnnxEmbedder
+from recall.engines.embedded.engine import EmbeddedEngine
 from recall.engines.embedded.search import common_floor
-from recall.engines.embedded.store import common_stems, connect, lexical_leg
+from recall.engines.embedded.store import common_stems, connect, db_path, lexical_leg
+from recall.engines.embedded.text import Query
 from recall.engines.embedded.vectors import Vectors
+from recall.models import load_embedder
 from recall.pg.database import Connection, Database
 from recall.pg.fts import phrase_stems
 from recall.pg.index import IndexRunner

@@ -18,8 +18,8 @@ import pytest
 from conftest import ROOT, Server, conversation, make_server, wait_for
 from pg import PgDatabase, PgServer, table_rows
 
+from devtools.testing import free_port
 from recall.pg.database import Database, DatabaseRefused, misconfigured
-from recall.testing import free_port
 
 ALICE = "0" * 64
 REFUSED_START_SECONDS = 90  # a ceiling on a loaded machine: a start loads the model first

@@ -16,16 +16,17 @@ import pytest
 from conftest import conversation, turn
 from pg import PgDatabase
 
-from recall.conversations import parse_conversation, user_dir_name
-from recall.embedder import Embedder, load_embedder
-from recall.lifecycle import Forgotten, NotDue, NotFound, expired, turn_digest
+from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.domain.errors import Forgotten, NotDue, NotFound, StoreUnavailable
+from recall.domain.forgetting import expired, turn_digest
+from recall.embedder import Embedder
+from recall.models import load_embedder
 from recall.pg.database import Database
 from recall.pg.index import IndexRunner, index_lock
 from recall.pg.schema import key_id
 from recall.pg.search import PgSearch
 from recall.pg.store import PgStore, conversation_lock
 from recall.settings import ConfigError
-from recall.store import StoreUnavailable
 
 SECRET = "zephyrquartz"  # a word only the conversation to forget holds
 KEPT = "marigoldvector"  # a word only the conversation that stays holds

@@ -20,10 +20,10 @@ from conftest import ROOT, Server, conversation, install_fake_funes, make_server
 from pg import PgDatabase
 from psycopg import sql
 
-from recall import audit
-from recall.conversations import conversation_ref, source_files, user_dir_name
+from recall import audit, transfer
+from recall.conversations import source_files
+from recall.domain.conversation import conversation_ref, user_dir_name
 from recall.lifecycle import list_receipts, read_tombstones, remove_source, tombstone_key
-from recall.pg import transfer
 from recall.pg.schema import USER_TABLES, key_id
 from recall.reading import NOT_FOUND as READ_NOT_FOUND
 

@@ -11,17 +11,20 @@ import numpy as np
 import pytest
 from test_embedded_engine import CORPUS, hits, post
 
-from recall.embedder import OnnxEmbedder, load_embedder
-from recall.engines.base import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED
-from recall.engines.embedded import EmbeddedEngine, Query, db_path
+from recall.domain.answers import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED
+from recall.embedder import OnnxEmbedder
+from recall.engines.embedded.engine import EmbeddedEngine
 from recall.engines.embedded.search import Lexical, common_floor, order_pool, top_hits
 from recall.engines.embedded.store import (
     candidate_rows,
     common_stems,
     connect,
+    db_path,
     doc_counts,
     lexical_leg,
 )
+from recall.engines.embedded.text import Query
+from recall.models import load_embedder
 
 # A chat between two people: both names in every turn, as a chat log's speaker labels put them.
 CHATTER = [

@@ -15,7 +15,7 @@ from conftest import Backing, Server, make_server, turn
 from fastmcp.exceptions import ToolError
 from test_memory_api import call
 
-from recall.conversations import conversation_ref, user_dir_name
+from recall.domain.conversation import conversation_ref, user_dir_name
 from recall.reading import NOT_FOUND
 
 CAP = 900  # MAX_RESULT_CHARS: room for a few short turns, not for the long one

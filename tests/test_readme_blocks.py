@@ -35,8 +35,8 @@ import psutil
 import pytest
 from conftest import ROOT
 
-from recall.demo import seeded_demo
-from recall.testing import PASSED_THROUGH, free_port
+from devtools.demo import seeded_demo
+from devtools.testing import PASSED_THROUGH, free_port
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"

@@ -6,7 +6,7 @@ change to docs/CONTRACTS.md and must be made on purpose.
 
 from __future__ import annotations
 
-from recall.engines.base import (
+from recall.domain.answers import (
     MORE_MATCH,
     NEVER_MENTIONED_YET,
     NOTHING_FOUND,
@@ -16,8 +16,8 @@ from recall.engines.base import (
 )
 from recall.engines.embedded.render import render
 from recall.engines.embedded.search import Hit, Notes
-from recall.engines.embedded.store import Neighbour
 from recall.engines.embedded.text import Query
+from recall.indexing.pieces import Neighbour
 
 USER = "0123456789abcdef01234567"  # a user's hash, as the store keys them
 REF = "ref 3703f5ddfa38"  # of USER's conversation c7f3a-mobile-login: pinned, refs must not move

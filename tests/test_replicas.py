@@ -22,8 +22,8 @@ import pytest
 from conftest import Server, conversation, make_server, turn, wait_for
 from pg import PgDatabase, PgServer
 
-from recall.conversations import conversation_ref, user_dir_name
-from recall.engines.base import NOTHING_FOUND, NOTHING_YET, UNAVAILABLE
+from recall.domain.answers import NOTHING_FOUND, NOTHING_YET, UNAVAILABLE
+from recall.domain.conversation import conversation_ref, user_dir_name
 from recall.reading import NOT_FOUND
 
 USERS = ("alice", "bob")

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from recall.conversations import parse_conversation
+from recall.domain.conversation import parse_conversation
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = ROOT / "seeds"

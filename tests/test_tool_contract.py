@@ -12,8 +12,7 @@ import pytest
 from conftest import Backing, FakeFunes, Server, conversation, make_server, wait_for
 from fastmcp import Client
 
-from recall.conversations import conversation_ref, user_dir_name
-from recall.engines.base import (
+from recall.domain.answers import (
     NEVER_MENTIONED,
     NEVER_MENTIONED_YET,
     NOT_YET,
@@ -21,7 +20,8 @@ from recall.engines.base import (
     NOTHING_YET,
     UNAVAILABLE,
 )
-from recall.engines.embedded import db_path
+from recall.domain.conversation import conversation_ref, user_dir_name
+from recall.engines.embedded.store import db_path
 
 
 # One server per store for the module's tests that only list the tools or post the same

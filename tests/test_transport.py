@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import INITIALIZE, ROOT, Server, make_server, tree, wait_for
 
-from recall.engines.base import NO_MEMORY
+from recall.domain.answers import NO_MEMORY
 from recall.transport import ACCEPT_BACKLOG, DESCRIPTOR_HEADROOM
 
 CALL_TOOL = {

@@ -19,19 +19,19 @@ from fastmcp.server.auth import AccessToken
 from recall import reading
 from recall.auth import client_of, user_from_token
 from recall.concurrency import BoundedRuns
-from recall.conversations import LONE_SURROGATE, user_dir_name
-from recall.engines.base import (
+from recall.domain.answers import (
     NO_MEMORY,
     NOT_YET,
     NOTHING_FOUND,
     UNAVAILABLE,
-    EngineError,
     Recalled,
     still_indexing,
 )
+from recall.domain.conversation import LONE_SURROGATE, user_dir_name
+from recall.domain.errors import EngineError, StoreUnavailable
 from recall.logs import user_fields
 from recall.metrics import Metrics, recall_timed_out
-from recall.store import AuditLine, Mark, Store, StoreUnavailable
+from recall.store import AuditLine, Mark, Store
 
 log = logging.getLogger("recall")
 

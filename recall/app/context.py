@@ -18,8 +18,9 @@ from fastmcp.server.auth import AuthProvider
 from recall.app.answers import Answers
 from recall.auth import build_verifier
 from recall.concurrency import BoundedRuns, Glance
-from recall.conversations import PRIVATE_UMASK, Limits
-from recall.engines import make_engine
+from recall.conversations import PRIVATE_UMASK
+from recall.domain.conversation import Limits
+from recall.engines.factory import make_engine
 from recall.files_store import FilesStore
 from recall.lifecycle import sweep_forever
 from recall.metrics import Metrics

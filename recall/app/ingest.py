@@ -10,9 +10,9 @@ from starlette.responses import JSONResponse
 
 from recall.app.context import App
 from recall.app.keyed import Keyed, Route, error, unavailable
-from recall.conversations import parse_conversation, user_dir_name
-from recall.lifecycle import Forgotten, forgotten_message
-from recall.store import StoreUnavailable
+from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.domain.errors import Forgotten, StoreUnavailable
+from recall.domain.forgetting import forgotten_message
 
 log = logging.getLogger("recall")
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from recall.conversations import InvalidConversation
+from recall.domain.errors import InvalidConversation
 from recall.logs import Refusals
 from recall.settings import Settings
 from recall.transport import BodyTooLarge, read_limited

@@ -13,10 +13,8 @@ from starlette.responses import JSONResponse
 from recall.app.answers import describe
 from recall.app.context import App
 from recall.app.keyed import Keyed, Route, error, unavailable
-from recall.conversations import parse_audit_request, user_dir_name
-from recall.engines.base import EngineError
-from recall.lifecycle import NotFound, parse_request
-from recall.store import StoreUnavailable
+from recall.domain.conversation import parse_audit_request, parse_request, user_dir_name
+from recall.domain.errors import EngineError, NotFound, StoreUnavailable
 
 log = logging.getLogger("recall")
 

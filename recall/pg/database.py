@@ -31,9 +31,9 @@ from pgvector.psycopg import register_vector_async
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from recall.domain.errors import StoreUnavailable
 from recall.pg.schema import USER_SETTING, check_schema
 from recall.settings import URL_UNREADABLE, ConfigError
-from recall.store import StoreUnavailable
 
 log = logging.getLogger("recall.pg.database")
 

@@ -3,20 +3,20 @@ their conversations, and BM25's postings and term statistics kept as FTS5 keeps 
 
     users.due_at passed, no live lease -> recall_claim (FOR NO KEY UPDATE SKIP LOCKED, a lease)
       -> one run per claimed user: the conversations whose version `indexed` does not show
-      -> their pieces (the embedded engine's _rows_of) -> embed only new or changed text
+      -> their pieces (recall/indexing/pieces.py's rows_of) -> embed only new or changed text
       -> flushes of FLUSH_TEXTS pieces, each one transaction under the user's index lock that
          re-checks each conversation's version, writes, and last of all checks the lease and
          moves the BM25 totals in the users row
       -> the run's end: indexed_changes, due again when writes came meanwhile, lease cleared.
 
-The pieces, their chunk keys, what counts as changed and when to flush are the embedded
-engine's (recall/engines/embedded/store.py), so both stores hold the same rows; the terms are
+The pieces, their chunk keys, what counts as changed and when to flush are the ones the embedded
+engine uses too (recall/indexing/pieces.py), so both stores hold the same rows; the terms are
 FTS5's own (recall/pg/fts.py). A run renews its lease while it goes on; a replica killed (or
 stopped) mid-run leaves it to run out, and another replica claims the user and finishes: every
 flush was one transaction, and a flush whose lease is no longer its own writes nothing.
 
-Embedding runs in the index worker processes at background priority (recall/engines/embedded/
-worker.py, as the files store's runs do), so an index run never takes the cores from a request:
+Embedding runs in the index worker processes at background priority (recall/indexing/
+workers.py, as the files store's runs do), so an index run never takes the cores from a request:
 in the server's process, on threads, a replica's ingest fell from 476 posts/s to 168/s while
 index runs went on (benchmark/README.md, "Replicas under load"). Without workers (tests, the
 benchmark's in-process runs) the caller's embedder embeds on a pool of `concurrency` threads.
@@ -45,23 +45,23 @@ import psycopg
 from psycopg import sql
 
 from recall.concurrency import run_in
-from recall.conversations import SOURCE_SUFFIX
+from recall.domain.conversation import SOURCE_SUFFIX
+from recall.domain.errors import StoreUnavailable
 from recall.embedder import Embedder, release_freed_memory
-from recall.engines.embedded.store import (
+from recall.indexing.pieces import (
+    Row,
     Stored,
-    _Row,
-    _rows_of,
     batch_full,
     built_by,
     changed_rows,
     embed_missing,
+    rows_of,
 )
 from recall.pg.database import Connection, Database, xact_lock
 from recall.pg.fts import Counted, count_terms
-from recall.store import StoreUnavailable
 
 if TYPE_CHECKING:  # the worker module runs as a program (`-m`): never import it on the way there
-    from recall.engines.embedded.worker import IndexWorkers
+    from recall.indexing.workers import IndexWorkers
 
 log = logging.getLogger("recall.pg.index")
 
@@ -167,7 +167,7 @@ async def _add_totals(conn: Connection, user_hash: str, passages: int, tokens: i
 
 
 async def _insert(
-    conn: Connection, user_hash: str, rows: list[_Row], counted: list[Counted]
+    conn: Connection, user_hash: str, rows: list[Row], counted: list[Counted]
 ) -> tuple[int, int]:
     """Write pieces with their postings and term counts; their share of the BM25 totals
     (passages, tokens) is returned, as `_unindex` returns it. Ids are given in the pieces' order,
@@ -261,7 +261,7 @@ class _Work:
     conv: str
     version: int
     drop: list[int]
-    write: list[_Row]
+    write: list[Row]
     counted: list[Counted] = field(default_factory=list)  # the terms of each row of write
 
 
@@ -524,7 +524,7 @@ class IndexRunner:
         # Parsing bodies and comparing pieces is CPU work: off the event loop, as stemming is.
         return await run_in(self._pool, _works, user_hash, convs, found, chunks)
 
-    async def _embed(self, rows: list[_Row]) -> None:
+    async def _embed(self, rows: list[Row]) -> None:
         """Give the rows that have no vector yet theirs: in the workers, else on a pool thread."""
         if self.workers is None:
             await run_in(self._pool, embed_missing, rows, self.embedder, np.asarray)
@@ -615,7 +615,7 @@ def _works(
         try:
             # Read as the embedded engine reads a source file (read_source): a bad line fails it.
             lines = [json.loads(line) for line in body.split("\n") if line.strip()]
-            wanted = _rows_of(conv, lines)
+            wanted = rows_of(conv, lines)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             # The conversation id is no user text; the exception may hold some.
             log.warning("user %s: skipping unreadable conversation %s (%s)", user_hash, conv,

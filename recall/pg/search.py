@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from recall.concurrency import run_in
+from recall.concurrency import run_in, usable_cores
+from recall.domain.answers import Recalled
+from recall.domain.errors import EngineError
 from recall.embedder import Embedder
-from recall.engines.base import EngineError, Recalled
-from recall.engines.embedded.engine import usable_cores
 from recall.engines.embedded.render import NEIGHBOURS, render
 from recall.engines.embedded.search import (
     DENSE_WEIGHT,
@@ -60,9 +60,9 @@ from recall.engines.embedded.search import (
     searched_terms,
     top_hits,
 )
-from recall.engines.embedded.store import Neighbour, gather_neighbours
 from recall.engines.embedded.text import Query, stem_prefixes
 from recall.engines.embedded.vectors import VectorCache, Vectors
+from recall.indexing.pieces import Neighbour, gather_neighbours
 from recall.pg.database import Connection, Database
 from recall.pg.fts import phrase_counts, phrase_stems
 from recall.pg.index import fingerprint

@@ -1,9 +1,10 @@
 """PgStore: the truth of every user in one PostgreSQL (STORE=postgres), for any number of replicas.
 
-The same rules as the files store, decided by the same pure functions (recall.lifecycle.admitted
-for the tombstones, recall.conversations.stored_holds for a stale re-post), each under locks that
-hold across replicas. Every query filters by the user hash, in a transaction that set it for the
-row-level security policies (recall/pg/database.py). The locks, always taken in this order:
+The same rules as the files store, decided by the same pure functions of recall/domain/
+(forgetting.admitted for the tombstones, conversation.stored_holds for a stale re-post), each
+under locks that hold across replicas. Every query filters by the user hash, in a transaction
+that set it for the row-level security policies (recall/pg/database.py). The locks, always
+taken in this order:
 
 - the user's index lock (recall.pg.index.index_lock), taken by forgets, erases and index
   flushes, never by posts: the user's index changes one transaction at a time;
@@ -17,9 +18,9 @@ row-level security policies (recall/pg/database.py). The locks, always taken in 
   the row), and a forget holding that row lock while waiting for the conversation's would
   deadlock with it.
 
-Tombstones are keyed digests (recall.lifecycle.turn_digest) under a key in `server_keys` that
-every replica shares; each tombstone names its key, so digests imported under the files store's
-key still match. Nothing here logs a user id, a text or a key: user hashes only.
+Tombstones are keyed digests (recall.domain.forgetting.turn_digest) under a key in
+`server_keys` that every replica shares; each tombstone names its key, so digests imported under
+the files store's key still match. Nothing here logs a user id, a text or a key: user hashes only.
 """
 
 from __future__ import annotations
@@ -36,19 +37,17 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from recall.conversations import Conversation, stored_holds
-from recall.engines.base import Recalled
-from recall.lifecycle import (
+from recall.domain.answers import Recalled
+from recall.domain.conversation import Conversation, readable_lines, stored_holds
+from recall.domain.errors import NotDue, NotFound
+from recall.domain.forgetting import (
     EVERYTHING,
     Forgetting,
-    NotDue,
-    NotFound,
-    _receipt,
-    _stamp,
     admitted,
     expired,
+    new_receipt,
     now_utc,
-    readable_lines,
+    stamp,
     turn_digest,
 )
 from recall.pg.database import Database, xact_lock
@@ -103,8 +102,8 @@ async def _all(conn: psycopg.AsyncConnection[Any], query: str, params: Any = ())
     return await (await conn.execute(query, params)).fetchall()
 
 
-# --- what a forget and an erase remove; `recall-server import` (transfer.py) removes the same for
-# what the files store forgot or erased. The caller holds the user's index lock and row. ----------
+# --- what a forget and an erase remove; `recall-server import` (recall/transfer.py) removes the
+# same for what the files store forgot or erased. The caller holds the user's index lock and row. --
 
 
 async def add_tombstones(
@@ -369,7 +368,7 @@ class PgStore:
             await add_tombstones(conn, user, {conversation_id: turns}, key)
             rows = await remove_conversation(conn, user, conversation_id)
             await self._changed(conn, user, forgets=1)
-            receipt = _receipt(
+            receipt = new_receipt(
                 user,
                 "forget",
                 at,
@@ -431,7 +430,7 @@ class PgStore:
             index_rows = await remove_user(conn, user)
             await self._changed(conn, user, forgets=1)
             removed = {"conversations": len(erased), "turns": sum(map(len, erased.values()))}
-            receipt = _receipt(user, "erase", at, removed={**removed, "index_rows": index_rows})
+            receipt = new_receipt(user, "erase", at, removed={**removed, "index_rows": index_rows})
             await self._add_receipt(conn, user, receipt)  # receipts outlive the erase
         log.info("user %s: erased", user)
         return receipt
@@ -462,7 +461,7 @@ class PgStore:
             async with self.database.user(user) as conn:
                 await conn.execute(
                     'DELETE FROM audit WHERE user_hash = %s AND at < %s COLLATE "C"',
-                    (user, _stamp(cutoff)),
+                    (user, stamp(cutoff)),
                 )
         return forgotten
 
@@ -544,7 +543,7 @@ def from_settings(settings: Settings) -> PgStore:
     ranking over the database, and the index runs it claims. ConfigError when the model cannot
     be loaded."""
     from recall.embedder import QUERY_THREADS
-    from recall.engines import configured_embedder, index_workers
+    from recall.indexing.configured import configured_embedder, index_workers
 
     assert settings.database_url is not None  # Settings.problems() requires it
     # This process embeds queries only (on few threads, as the embedded engine); index runs

@@ -17,7 +17,6 @@ so the db stays consistent).
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -26,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recall.concurrency import run_in
+from recall.concurrency import run_in, usable_cores
+from recall.domain.answers import Recalled
+from recall.domain.errors import EngineError
 from recall.embedder import Embedder, release_freed_memory
-from recall.engines.base import EngineError, ForgetWindows, Recalled
+from recall.engines.base import ForgetWindows
 from recall.engines.embedded.render import NEIGHBOURS, render
 from recall.engines.embedded.search import (
     DENSE_WEIGHT,
@@ -64,8 +65,8 @@ from recall.engines.embedded.store import (
 from recall.engines.embedded.text import Query
 from recall.engines.embedded.vectors import VectorCache, Vectors
 
-if TYPE_CHECKING:  # the worker module runs as a program (`-m`): never import it on the way there
-    from recall.engines.embedded.worker import IndexWorkers
+if TYPE_CHECKING:
+    from recall.indexing.workers import IndexWorkers
 
 log = logging.getLogger("recall.embedded")
 
@@ -111,14 +112,6 @@ def index_sources(home: Path, embedder: Embedder, stop: RunStop) -> None:
         raise EngineError(f"embedded index run failed: {exc.strerror or exc}") from exc
     finally:
         release_freed_memory()
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a container's cpuset sets)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 @dataclass

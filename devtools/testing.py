@@ -25,7 +25,7 @@ from typing import Any
 
 from fastmcp import Client
 
-from recall.conversations import user_dir_name
+from recall.domain.conversation import user_dir_name
 from recall.scheduler import needs_index
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recall.testing import ROOT, LocalServer, make_server
+from devtools.testing import ROOT, LocalServer, make_server
 
 DEMO_TOKENS = ROOT / "examples" / "tokens.json"
 SEEDER = ROOT / "seeds" / "seed.py"

@@ -1,4 +1,6 @@
-"""`recall-server import DATA_DIR` and `recall-server export --user USER --out DIR`.
+"""`recall-server import DATA_DIR` and `recall-server export --user USER --out DIR`: the bridge
+between the two stores, and the one module that reads both (the files store's layout and
+PostgreSQL's tables); neither store imports it.
 
 Import loads a files store into PostgreSQL (DATABASE_URL, the owner's or the app role's), one
 transaction per user, so an interrupted import resumes where it stopped and a second run changes
@@ -46,25 +48,17 @@ from pathlib import Path
 from typing import Any
 
 from recall import audit
-from recall.conversations import (
-    PRIVATE_DIR,
-    PRIVATE_FILE,
-    SOURCE_SUFFIX,
-    Conversation,
-    user_dir_name,
-)
+from recall.conversations import PRIVATE_DIR, PRIVATE_FILE
+from recall.domain.conversation import SOURCE_SUFFIX, Conversation, readable_lines, user_dir_name
+from recall.domain.errors import Forgotten, StoreUnavailable
+from recall.domain.forgetting import EVERYTHING, Forgetting, admitted
 from recall.lifecycle import (
-    EVERYTHING,
     KEYS_DIR,
     RECEIPTS_DIR,
     TOMBSTONE_KEY,
-    Forgetting,
-    Forgotten,
-    _time_rule,
-    admitted,
     list_receipts,
     read_tombstones,
-    readable_lines,
+    time_rule,
     tombstone_key,
     user_homes,
 )
@@ -73,7 +67,6 @@ from recall.pg.index import index_lock
 from recall.pg.schema import MigrationError, check_version, connect, key_id
 from recall.pg.store import add_tombstones, remove_conversation, remove_user
 from recall.settings import ConfigError
-from recall.store import StoreUnavailable
 
 Turn = dict[str, Any]
 
@@ -294,7 +287,7 @@ async def _forget_there(
         turns = readable_lines(body.encode("utf-8"))
         try:
             kept = admitted(
-                Conversation(h, cid, turns), Forgetting(keyed, _time_rule(tombstones, cid))
+                Conversation(h, cid, turns), Forgetting(keyed, time_rule(tombstones, cid))
             )
         except Forgotten:
             kept = None

