@@ -78,6 +78,17 @@ def install_fake_funes(folder: Path) -> FakeFunes:
     return funes
 
 
+@pytest.fixture(autouse=True)
+def restored_umask() -> Iterator[None]:
+    """Each test starts with the worker's own umask: building the app in-process (create_app)
+    sets the server's private umask, which would otherwise make every later directory of that
+    worker 0700 (and PostgreSQL's system user, in the replicas tests, could not enter them)."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
 @pytest.fixture
 def fake_funes(tmp_path: Path) -> FakeFunes:
     return install_fake_funes(tmp_path / "funes-bin")

