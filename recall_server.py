@@ -35,9 +35,9 @@ from recall.app.lifecycle_routes import LifecycleRoutes
 from recall.app.operations import Operations
 from recall.app.tools import Tools
 from recall.auth import MCP_PATH, TokenFirst
-from recall.conversations import PRIVATE_UMASK
 from recall.domain.conversation import user_dir_name
-from recall.files_store import hold_data_dir
+from recall.files.layout import PRIVATE_UMASK
+from recall.files.store import hold_data_dir
 from recall.logs import configure_logging
 from recall.memory_api import MemoryApi
 from recall.settings import ConfigError, Settings, load_settings, settings_help
@@ -103,7 +103,7 @@ def main() -> None:
     os.umask(PRIVATE_UMASK)  # before anything is created under DATA_DIR, by the server or backfill
     arguments = sys.argv[1:]
     if arguments[:1] == ["backfill"]:  # the operator's bulk import, same settings, no server
-        from recall.backfill import main as backfill
+        from recall.files.backfill import main as backfill
 
         sys.exit(backfill(arguments[1:]))
     if arguments[:1] == ["migrate"]:  # STORE=postgres: the schema, as the tables' owner

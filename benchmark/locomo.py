@@ -53,7 +53,6 @@ from fastmcp import Client
 from benchmark.common import load_by_backfill, machine, postgres, timing
 from devtools.testing import ROOT, LocalServer, make_server
 from recall.app.answers import MAX_QUERY_CHARS
-from recall.conversations import write_conversation
 from recall.domain.answers import (
     MORE_MATCH,
     NEAR_MISSES,
@@ -66,6 +65,7 @@ from recall.domain.answers import (
 )
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.engines.base import Engine
+from recall.files.layout import write_conversation
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo-dev.json"
 RESULTS = ROOT / "benchmark" / "results"

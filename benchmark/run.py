@@ -41,9 +41,9 @@ from benchmark import history_clinic, languages
 from benchmark.common import load_by_backfill, machine, postgres, timing, tree_rss_mb
 from benchmark.history import History, Question, generate
 from devtools.testing import ROOT, LocalServer, make_server
-from recall.conversations import write_conversation
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.engines.factory import make_engine
+from recall.files.layout import write_conversation
 from recall.settings import Settings
 
 RESULTS = ROOT / "benchmark" / "results"

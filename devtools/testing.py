@@ -26,7 +26,7 @@ from typing import Any
 from fastmcp import Client
 
 from recall.domain.conversation import user_dir_name
-from recall.scheduler import needs_index
+from recall.files.scheduler import needs_index
 
 ROOT = Path(__file__).resolve().parent.parent
 # The host's OpenBLAS settings travel with the child: on some processors older OpenBLAS builds

@@ -42,8 +42,8 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from recall import audit
 from recall.auth import user_from_token
+from recall.domain import audit
 from recall.domain.answers import Passage, Recalled
 from recall.domain.conversation import CONVERSATION_ID, conversation_ref, is_recalled
 from recall.domain.errors import EngineError, NotFound, StoreUnavailable

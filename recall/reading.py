@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from recall import audit
+from recall.domain import audit
 from recall.domain.answers import OUTCOMES, Passage, Recalled
 from recall.domain.conversation import REF, REF_CHARS, conversation_ref, is_recalled
 from recall.store import Store, Turn

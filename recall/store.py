@@ -1,6 +1,6 @@
 """The store seam: a user's memory, addressed by the user's hash (never a path, never the id).
 
-Two implementations, chosen by STORE: `files` (recall/files_store.py: one directory per user,
+Two implementations, chosen by STORE: `files` (recall/files/store.py: one directory per user,
 today's layout, the default; search by funes or the embedded engine) and `postgres`
 (recall/pg/: every replica shares one database; search by the embedded ranking over it). Each
 implements both halves below; the server knows only these methods.

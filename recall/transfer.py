@@ -47,12 +47,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from recall import audit
-from recall.conversations import PRIVATE_DIR, PRIVATE_FILE
 from recall.domain.conversation import SOURCE_SUFFIX, Conversation, readable_lines, user_dir_name
 from recall.domain.errors import Forgotten, StoreUnavailable
 from recall.domain.forgetting import EVERYTHING, Forgetting, admitted
-from recall.lifecycle import (
+from recall.files import audit_file
+from recall.files.layout import PRIVATE_DIR, PRIVATE_FILE
+from recall.files.lifecycle import (
     KEYS_DIR,
     RECEIPTS_DIR,
     TOMBSTONE_KEY,
@@ -89,7 +89,7 @@ class FilesUser:
     user_hash: str
     conversations: list[Stored]
     unreadable: int  # conversation files that are not readable turns: left out, counted
-    tombstones: dict[str, Any]  # recall.lifecycle.read_tombstones
+    tombstones: dict[str, Any]  # recall.files.lifecycle.read_tombstones
     receipts: list[dict[str, Any]]
     audit: list[dict[str, Any]]
 
@@ -173,7 +173,7 @@ def read_user(data_dir: Path, user_hash: str) -> FilesUser:
         unreadable=sum(c is None for c in stored),
         tombstones=tombstones,
         receipts=list_receipts(data_dir, user_hash),
-        audit=audit.read(home),
+        audit=audit_file.read(home),
     )
 
 

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from devtools import testing
 from devtools.testing import LocalServer
 from recall.domain.conversation import user_dir_name
-from recall.files_store import DATA_DIR_LOCK
+from recall.files.store import DATA_DIR_LOCK
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_FUNES = Path(__file__).resolve().parent / "fake_funes.py"

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from conftest import Backing, FakeFunes, Server, conversation, make_server
 
-from recall.audit import AUDIT_FILE, entry
 from recall.domain.answers import NEVER_MENTIONED, NO_MEMORY, NOT_YET, Passage, Recalled
+from recall.domain.audit import entry
+from recall.files.audit_file import AUDIT_FILE
 
 
 def post_audit(server: Server, body: Any, key: str | None = "default") -> tuple[int, Any]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from conftest import ROOT, conversation, make_server, turn
 
-from recall.conversations import read_source
 from recall.domain.conversation import user_dir_name
-from recall.scheduler import needs_index
+from recall.files.layout import read_source
+from recall.files.scheduler import needs_index
 
 
 def run_backfill(tmp_path: Path, source: Path) -> subprocess.CompletedProcess[str]:

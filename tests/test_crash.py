@@ -33,11 +33,11 @@ from fastmcp import Client
 
 from devtools import testing
 from devtools.testing import LocalServer
-from recall.conversations import write_conversation
 from recall.domain.answers import NOTHING_FOUND
 from recall.domain.conversation import SOURCE_SUFFIX, parse_conversation
 from recall.engines.embedded.store import db_path
-from recall.scheduler import needs_index
+from recall.files.layout import write_conversation
+from recall.files.scheduler import needs_index
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -257,7 +257,7 @@ def killed_writer(data_dir: Path, body: dict[str, Any]) -> None:
     program = f"""
 import os, signal, sys
 from pathlib import Path
-from recall.conversations import write_conversation
+from recall.files.layout import write_conversation
 from recall.domain.conversation import parse_conversation, user_dir_name
 os.replace = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
 body = {body!r}

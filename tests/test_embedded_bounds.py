@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from recall.conversations import write_conversation
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.embedder import OnnxEmbedder
 from recall.engines.embedded.engine import EmbeddedEngine
@@ -33,6 +32,7 @@ from recall.engines.embedded.text import (
     query_terms,
 )
 from recall.engines.factory import make_engine
+from recall.files.layout import write_conversation
 from recall.models import load_embedder
 from recall.pg.fts import phrase_stems
 from recall.settings import Settings

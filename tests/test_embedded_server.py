@@ -16,8 +16,8 @@ from conftest import Server, conversation, make_server, turn, wait_for
 from recall.domain.answers import UNAVAILABLE
 from recall.embedder import packaged_fingerprint
 from recall.engines.embedded.store import db_path, stored
+from recall.files.scheduler import needs_index
 from recall.models import load_embedder
-from recall.scheduler import needs_index
 
 USERS = ["alice", "bob", *(f"user-{n}" for n in range(2, 8))]
 STAMP = "2026-10-08T09:00:00."  # + a fraction: one distinct, valid timestamp per turn

@@ -19,7 +19,6 @@ from conftest import (
     wait_for,
 )
 
-from recall.conversations import write_conversation
 from recall.domain.answers import NO_MEMORY, NOTHING_FOUND, UNAVAILABLE
 from recall.domain.conversation import (
     SOURCE_SUFFIX,
@@ -28,6 +27,7 @@ from recall.domain.conversation import (
     user_dir_name,
 )
 from recall.engines.funes import FunesEngine, parse_hits, render_hits
+from recall.files.layout import write_conversation
 
 
 # One server and its stand-in for the tests that take `funes_server` (a server start costs

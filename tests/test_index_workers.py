@@ -17,8 +17,8 @@ import pytest
 from conftest import Backing, Server, conversation, make_server, wait_for
 from test_embedded_server import long_conversation, timed_posts
 
+from recall.files.scheduler import needs_index
 from recall.indexing.workers import BACKGROUND_NICENESS, IndexWorkers
-from recall.scheduler import needs_index
 
 WORKER_MODULE = "recall.engines.embedded.worker"
 

@@ -31,9 +31,9 @@ from starlette.testclient import TestClient
 
 import recall_server
 from recall.app import keyed
-from recall.conversations import conversation_lock, write_conversation
 from recall.domain.conversation import Conversation, parse_conversation
 from recall.domain.errors import InvalidConversation
+from recall.files.layout import conversation_lock, write_conversation
 from recall.settings import Settings
 
 

@@ -30,17 +30,17 @@ from conftest import (
 )
 from pg import PgDatabase, PgServer
 
-from recall import lifecycle
-from recall.audit import AUDIT_FILE as AUDIT
-from recall.conversations import read_source, write_conversation
 from recall.domain.answers import NO_MEMORY
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.domain.forgetting import forgotten_message, turn_digest
 from recall.engines.base import ForgetWindows
 from recall.engines.factory import make_engine
-from recall.lifecycle import Lifecycle, UserGates, list_receipts
+from recall.files import lifecycle
+from recall.files.audit_file import AUDIT_FILE as AUDIT
+from recall.files.layout import read_source, write_conversation
+from recall.files.lifecycle import Lifecycle, UserGates, list_receipts
+from recall.files.scheduler import IndexScheduler
 from recall.pg.schema import USER_TABLES
-from recall.scheduler import IndexScheduler
 from recall.settings import Settings
 
 SECRET = "zephyrquartz"  # a word only the conversation to forget holds
@@ -442,7 +442,7 @@ def test_a_tombstone_written_before_digests_keeps_its_time_rule(
 def test_processes_racing_to_make_the_tombstone_key_agree_on_one(tmp_path: Path) -> None:
     # Given no key yet; when several processes (the server, the backfill) need it at once
     make = (
-        "import sys, pathlib, recall.lifecycle as lifecycle; "
+        "import sys, pathlib, recall.files.lifecycle as lifecycle; "
         "print(lifecycle.tombstone_key(pathlib.Path(sys.argv[1])).hex())"
     )
     racers = [

@@ -28,12 +28,12 @@ import pytest
 from conftest import Backing, Server, conversation, make_server, wait_for
 from test_memory_api import as_user
 
-from recall.conversations import write_conversation
 from recall.domain.answers import UNAVAILABLE
 from recall.domain.conversation import parse_conversation
 from recall.embedder import MAX_ENGINE_CHARS, MULTILINGUAL, ModelUnavailable, engine_text
 from recall.engines.embedded.engine import RunStop, index_sources
 from recall.engines.embedded.store import connect, db_path
+from recall.files.layout import write_conversation
 from recall.multilingual import E5Embedder, EngineCrashed
 
 CHILD_MODULE = "recall.multilingual"

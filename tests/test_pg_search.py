@@ -29,7 +29,6 @@ from test_embedded_engine import CORPUS, CountingEmbedder
 
 import recall.pg.index
 from benchmark.history import generate
-from recall.conversations import write_conversation
 from recall.domain.answers import UNAVAILABLE
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.domain.errors import EngineError
@@ -39,6 +38,7 @@ from recall.engines.embedded.search import common_floor
 from recall.engines.embedded.store import common_stems, connect, db_path, lexical_leg
 from recall.engines.embedded.text import Query
 from recall.engines.embedded.vectors import Vectors
+from recall.files.layout import write_conversation
 from recall.models import load_embedder
 from recall.pg.database import Connection, Database
 from recall.pg.fts import phrase_stems

@@ -20,10 +20,11 @@ from conftest import ROOT, Server, conversation, install_fake_funes, make_server
 from pg import PgDatabase
 from psycopg import sql
 
-from recall import audit, transfer
-from recall.conversations import source_files
+from recall import transfer
 from recall.domain.conversation import conversation_ref, user_dir_name
-from recall.lifecycle import list_receipts, read_tombstones, remove_source, tombstone_key
+from recall.files import audit_file
+from recall.files.layout import source_files
+from recall.files.lifecycle import list_receipts, read_tombstones, remove_source, tombstone_key
 from recall.pg.schema import USER_TABLES, key_id
 from recall.reading import NOT_FOUND as READ_NOT_FOUND
 
@@ -51,7 +52,7 @@ def files_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
             asyncio.run(server.recall("bob", query))
     data = server.data_dir
     assert read_tombstones(data / ALICE_HASH)["turns"]["c-forget"]
-    assert len(audit.read(data / BOB_HASH)) == 2
+    assert len(audit_file.read(data / BOB_HASH)) == 2
     return data
 
 
@@ -113,7 +114,7 @@ def test_import_loads_every_users_data_and_a_second_run_changes_nothing(
     ]
     # and the receipts and the audit lines, as the files store reads them
     assert [r for h, _, r in stored["receipts"]] == list_receipts(files_store, ALICE_HASH)
-    assert [line for h, _, _, line in stored["audit"]] == audit.read(files_store / BOB_HASH)
+    assert [line for h, _, _, line in stored["audit"]] == audit_file.read(files_store / BOB_HASH)
     # and each user is due for indexing
     assert {(h, due is not None, changes) for h, changes, _, due, *_ in stored["users"]} == {
         (ALICE_HASH, True, 2),

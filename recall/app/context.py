@@ -18,11 +18,11 @@ from fastmcp.server.auth import AuthProvider
 from recall.app.answers import Answers
 from recall.auth import build_verifier
 from recall.concurrency import BoundedRuns, Glance
-from recall.conversations import PRIVATE_UMASK
 from recall.domain.conversation import Limits
 from recall.engines.factory import make_engine
-from recall.files_store import FilesStore
-from recall.lifecycle import sweep_forever
+from recall.files.layout import PRIVATE_UMASK
+from recall.files.lifecycle import sweep_forever
+from recall.files.store import FilesStore
 from recall.metrics import Metrics
 from recall.settings import ConfigError, Settings
 from recall.store import Store

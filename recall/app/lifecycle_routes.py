@@ -1,4 +1,4 @@
-"""The data lifecycle over HTTP (recall/lifecycle.py does the work): POST /forget, /erase,
+"""The data lifecycle over HTTP (recall/files/lifecycle.py does the work): POST /forget, /erase,
 /receipts and /audit, for the gateway or an admin, with the shared key. The user is in the
 body, never in a URL, where access logs would keep it."""
 

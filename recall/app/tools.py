@@ -12,8 +12,9 @@ from fastmcp.server.dependencies import get_access_token
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from recall import audit, reading
+from recall import reading
 from recall.app.answers import MAX_QUERY_CHARS, Answers, search_query
+from recall.domain import audit
 from recall.reading import checked_turns
 
 TOOL_DESCRIPTION = """\

@@ -1,7 +1,7 @@
 """The forgetting rules as values, whichever store keeps them: what a tombstone is (keyed digests
 of the forgotten turns, `turn_digest`), what of a post it admits (`admitted`), when a
 conversation has expired (retention), and what a receipt says. Pure: every store applies them
-under its own locks (the files store: recall/lifecycle.py; PostgreSQL: recall/pg/store.py).
+under its own locks (the files store: recall/files/lifecycle.py; PostgreSQL: recall/pg/store.py).
 
 A digest is the first 16 bytes (hex) of HMAC-SHA256, under the server's tombstone key, of one
 stored turn's role, time and text: what the turn is, not when it was posted, so neither the

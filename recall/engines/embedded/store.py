@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from recall.conversations import read_source, source_files
 from recall.domain.conversation import SOURCE_SUFFIX
 from recall.embedder import Embedder, packaged_fingerprint
 from recall.engines.embedded.search import (
@@ -37,6 +36,7 @@ from recall.engines.embedded.search import (
     searched_terms,
 )
 from recall.engines.embedded.text import Query, fts_query, fts_text
+from recall.files.layout import read_source, source_files
 from recall.indexing.pieces import (
     FTS_TOKENIZER,
     Neighbour,

@@ -24,14 +24,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from recall.conversations import PRIVATE_DIR, PRIVATE_UMASK, write_conversation
 from recall.domain.conversation import Conversation, Limits, parse_conversation, user_dir_name
 from recall.domain.errors import EngineError, Forgotten, InvalidConversation
 from recall.engines.base import Engine
 from recall.engines.factory import make_engine
-from recall.files_store import hold_data_dir
-from recall.lifecycle import admit_for
-from recall.scheduler import index_and_mark
+from recall.files.layout import PRIVATE_DIR, PRIVATE_UMASK, write_conversation
+from recall.files.lifecycle import admit_for
+from recall.files.scheduler import index_and_mark
+from recall.files.store import hold_data_dir
 from recall.settings import ConfigError, Settings, load_settings
 
 log = logging.getLogger("recall")

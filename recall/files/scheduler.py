@@ -18,8 +18,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from recall.conversations import private_file, source_files
 from recall.engines.base import Engine
+from recall.files.layout import private_file, source_files
 from recall.logs import user_fields
 
 log = logging.getLogger("recall.index")

@@ -1,4 +1,5 @@
-"""The recall audit: every tool call appends one line to the user's own log, home/audit.jsonl.
+"""The files store's recall audit: every tool call appends one line to the user's own log,
+home/audit.jsonl (the line itself: recall.domain.audit).
 
 A line says when, which client (the token's `azp`/`client_id`, never the user), the query
 searched, the outcome, and which passages were served: for each, the conversation and turn it
@@ -15,39 +16,13 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from recall.conversations import fsync_dir, private_file
-from recall.domain.answers import Passage, Recalled, outcome
+from recall.files.layout import fsync_dir, private_file
 
 AUDIT_FILE = "audit.jsonl"
 READ_BLOCK = 64 * 1024  # a page is read from the end backwards, this much at a time
-
-
-def now() -> str:
-    """The current time as the audit writes it (and `since` is compared with)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def served(passage: Passage) -> dict[str, str]:
-    """Where a served passage came from, as the audit (and the memory page) names it: its
-    conversation and turn, the turn's time, and its role when the engine says."""
-    where = {"conversation_id": passage.conversation_id, "turn": passage.turn_id, "ts": passage.ts}
-    return where | ({"role": passage.role} if passage.role else {})
-
-
-def entry(client: str | None, query: str, answer: Recalled) -> dict[str, Any]:
-    """One audit line for a tool call that searched ``query`` and answered ``answer`` (a
-    fail-soft answer holds no passages)."""
-    return {
-        "at": now(),
-        "client": client,
-        "query": query,
-        "outcome": outcome(answer),
-        "served": [served(passage) for passage in answer.passages],
-    }
 
 
 def append(home: Path, line: dict[str, Any]) -> None:

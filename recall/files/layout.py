@@ -44,8 +44,8 @@ def write_conversation(
     conversation's lock makes reading, deciding and replacing one step against every other
     writer, in this process or another (the backfill command); a unique temporary name (never
     .jsonl, so no engine reads it) and a rename install one complete file. ``admit``, called
-    under the lock, decides what of the post may be stored (the tombstones, recall/lifecycle.py)
-    and may raise to store nothing.
+    under the lock, decides what of the post may be stored (the tombstones,
+    recall/files/lifecycle.py) and may raise to store nothing.
     """
     data = conversation.to_jsonl().encode("utf-8")  # fails before any mkdir, leaving nothing
     src = home / "src"

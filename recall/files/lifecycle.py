@@ -51,15 +51,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from recall import audit
 from recall.concurrency import run_in
-from recall.conversations import (
-    PRIVATE_DIR,
-    conversation_lock,
-    fsync_dir,
-    private_file,
-    source_files,
-)
 from recall.domain.conversation import SOURCE_SUFFIX, Conversation, Turn, readable_lines
 from recall.domain.errors import NotDue, NotFound
 from recall.domain.forgetting import (
@@ -74,9 +66,17 @@ from recall.domain.forgetting import (
     turn_digest,
 )
 from recall.engines.base import Engine, ForgetWindows
-from recall.scheduler import IndexScheduler
+from recall.files import audit_file
+from recall.files.layout import (
+    PRIVATE_DIR,
+    conversation_lock,
+    fsync_dir,
+    private_file,
+    source_files,
+)
+from recall.files.scheduler import IndexScheduler
 
-log = logging.getLogger("recall.lifecycle")
+log = logging.getLogger("recall.files.lifecycle")
 
 TOMBSTONES = "tombstones.json"
 RECEIPTS_DIR = "_receipts"  # not a user directory: user directories are 24 hex characters
@@ -433,7 +433,7 @@ class Lifecycle:
                     await self.forget(home, conversation_id, "retention", still_expired)
                     forgotten += 1
             # The recall audit is the user's data too: its old lines go with the same retention.
-            await run_in(self.writes, audit.prune, home, stamp(cutoff))
+            await run_in(self.writes, audit_file.prune, home, stamp(cutoff))
         return forgotten
 
 

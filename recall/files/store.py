@@ -1,9 +1,9 @@
 """The files store (STORE=files, the default): one directory per user under DATA_DIR, one server
-process. The rules are recall/domain/'s; the layout is that of recall/conversations.py (the write
-path), recall/lifecycle.py (forget, erase, tombstones, receipts, retention), recall/audit.py and
-recall/scheduler.py (debounced index runs in this process); search is funes or the embedded
-engine over the user's directory. This module only maps a user hash to that directory and runs
-the file work on the server's write threads.
+process. The rules are recall/domain/'s; the layout is that of layout.py (the write path),
+lifecycle.py (forget, erase, tombstones, receipts, retention), audit_file.py and scheduler.py
+(debounced index runs in this process), beside this module in recall/files/; search is funes or
+the embedded engine over the user's directory. This module only maps a user hash to that
+directory and runs the file work on the server's write threads.
 """
 
 from __future__ import annotations
@@ -17,22 +17,22 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 
-from recall import audit
 from recall.concurrency import run_in
-from recall.conversations import (
+from recall.domain.answers import Recalled
+from recall.domain.conversation import CONVERSATION_ID, SOURCE_SUFFIX, Conversation
+from recall.engines.base import Engine
+from recall.files import audit_file
+from recall.files.layout import (
     PRIVATE_DIR,
     read_source,
     remove_leftovers,
     source_files,
     write_conversation,
 )
-from recall.domain.answers import Recalled
-from recall.domain.conversation import CONVERSATION_ID, SOURCE_SUFFIX, Conversation
-from recall.engines.base import Engine
-from recall.lifecycle import Lifecycle, UserGates, admit_for, list_receipts, user_homes
+from recall.files.lifecycle import Lifecycle, UserGates, admit_for, list_receipts, user_homes
+from recall.files.scheduler import IndexScheduler, index_and_mark, index_stale, indexed_before
 from recall.logs import user_fields
 from recall.metrics import data_dir_writable
-from recall.scheduler import IndexScheduler, index_and_mark, index_stale, indexed_before
 from recall.settings import ConfigError
 from recall.store import AuditLine, Mark, MemoryState, Receipt, Turn
 
@@ -215,15 +215,15 @@ class FilesStore:
         # leaves no line in what is left.
         async with self.gates.post(home):
             if home.is_dir() and not self.lifecycle.erased_since(home, mark):
-                await run_in(self.writes, audit.append, home, line)
+                await run_in(self.writes, audit_file.append, home, line)
 
     async def audit(self, user: str, since: str | None = None) -> list[AuditLine]:
-        return await run_in(self.writes, audit.read, self.home(user), since)
+        return await run_in(self.writes, audit_file.read, self.home(user), since)
 
     async def audit_page(
         self, user: str, limit: int, before: int | None = None
     ) -> tuple[list[AuditLine], int | None]:
-        return await run_in(self.writes, audit.page, self.home(user), limit, before)
+        return await run_in(self.writes, audit_file.page, self.home(user), limit, before)
 
     async def state(self, user: str) -> MemoryState:
         home = self.home(user)
