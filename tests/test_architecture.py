@@ -43,17 +43,10 @@ def sources() -> dict[str, Path]:
 MODULES = sources()
 
 # The files store: recall/files/ (its layout and lifecycle, its scheduler and backfill, its audit
-# file, FilesStore), and the engines that search its sources (funes; the embedded engine's SQLite
-# store, seam and worker), which stay in recall/engines/.
-FILES_STORE = {name for name in MODULES if name.startswith("recall.files")}
-FILES_STORE |= {
-    "recall.engines.base",
-    "recall.engines.embedded.engine",
-    "recall.engines.embedded.store",
-    "recall.engines.embedded.worker",
-    "recall.engines.factory",
-    "recall.engines.funes",
-}
+# file, FilesStore) and recall/engines/ (funes; the embedded engine's SQLite store, seam and
+# worker), which search its sources. What both stores use lives in recall/ranking/,
+# recall/indexing/ and recall/domain/.
+FILES_STORE = {name for name in MODULES if name.startswith(("recall.files", "recall.engines"))}
 
 
 def _parents(name: str) -> Iterator[str]:

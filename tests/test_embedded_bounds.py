@@ -23,7 +23,11 @@ import pytest
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.embedder import OnnxEmbedder
 from recall.engines.embedded.engine import EmbeddedEngine
-from recall.engines.embedded.text import (
+from recall.engines.factory import make_engine
+from recall.files.layout import write_conversation
+from recall.models import load_embedder
+from recall.pg.fts import phrase_stems
+from recall.ranking.text import (
     MAX_PHRASE_TERMS,
     PHRASE,
     coverage,
@@ -31,10 +35,6 @@ from recall.engines.embedded.text import (
     identifier_forms,
     query_terms,
 )
-from recall.engines.factory import make_engine
-from recall.files.layout import write_conversation
-from recall.models import load_embedder
-from recall.pg.fts import phrase_stems
 from recall.settings import Settings
 
 # -- identifiers ----------------------------------------------------------------------------------

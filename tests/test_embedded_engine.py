@@ -25,16 +25,16 @@ from recall.domain.errors import EngineError
 from recall.embedder import QUERY_THREADS, THREADS, Embedder, ModelUnavailable, OnnxEmbedder
 from recall.engines.embedded.engine import EmbeddedEngine
 from recall.engines.embedded.store import db_path
-from recall.engines.embedded.text import (
+from recall.files.layout import source_files, write_conversation
+from recall.files.scheduler import index_and_mark, index_stale
+from recall.models import load_embedder
+from recall.ranking.text import (
     coverage,
     fts_query,
     identifier_forms,
     is_common,
     query_terms,
 )
-from recall.files.layout import source_files, write_conversation
-from recall.files.scheduler import index_and_mark, index_stale
-from recall.models import load_embedder
 
 # Conversation ids look like real ones so a leak into the output is easy to spot.
 CORPUS: dict[str, tuple[str, list[tuple[str, str]]]] = {

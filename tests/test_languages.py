@@ -21,8 +21,8 @@ from conftest import Backing, Server, conversation
 
 from devtools import testing
 from recall.embedder import MULTILINGUAL
-from recall.engines.embedded.text import UNSTEMMED
 from recall.pg.fts import count_terms, phrase_stems
+from recall.ranking.text import UNSTEMMED
 
 USERS = ("hanna", "lucia", "wei", "emma")
 MODEL = MULTILINGUAL

@@ -34,10 +34,7 @@ from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder, OnnxEmbedder
 from recall.engines.embedded.engine import EmbeddedEngine
-from recall.engines.embedded.search import common_floor
 from recall.engines.embedded.store import common_stems, connect, db_path, lexical_leg
-from recall.engines.embedded.text import Query
-from recall.engines.embedded.vectors import Vectors
 from recall.files.layout import write_conversation
 from recall.models import load_embedder
 from recall.pg.database import Connection, Database
@@ -45,6 +42,9 @@ from recall.pg.fts import phrase_stems
 from recall.pg.index import IndexRunner
 from recall.pg.search import PgSearch
 from recall.pg.store import PgStore
+from recall.ranking.search import common_floor
+from recall.ranking.text import Query
+from recall.ranking.vectors import Vectors
 
 USER = "bench-user"  # benchmark/history.py's user
 SETTINGS = {3: (3, 8, 4000), 8: (8, 32, 8000)}  # k: (k, candidates, max chars), as the benchmark

@@ -14,7 +14,6 @@ from test_embedded_engine import CORPUS, hits, post
 from recall.domain.answers import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED
 from recall.embedder import OnnxEmbedder
 from recall.engines.embedded.engine import EmbeddedEngine
-from recall.engines.embedded.search import Lexical, common_floor, order_pool, top_hits
 from recall.engines.embedded.store import (
     candidate_rows,
     common_stems,
@@ -23,8 +22,9 @@ from recall.engines.embedded.store import (
     doc_counts,
     lexical_leg,
 )
-from recall.engines.embedded.text import Query
 from recall.models import load_embedder
+from recall.ranking.search import Lexical, common_floor, order_pool, top_hits
+from recall.ranking.text import Query
 
 # A chat between two people: both names in every turn, as a chat log's speaker labels put them.
 CHATTER = [

@@ -14,10 +14,10 @@ from recall.domain.answers import (
     Recalled,
     still_indexing,
 )
-from recall.engines.embedded.render import render
-from recall.engines.embedded.search import Hit, Notes
-from recall.engines.embedded.text import Query
 from recall.indexing.pieces import Neighbour
+from recall.ranking.render import render
+from recall.ranking.search import Hit, Notes
+from recall.ranking.text import Query
 
 USER = "0123456789abcdef01234567"  # a user's hash, as the store keys them
 REF = "ref 3703f5ddfa38"  # of USER's conversation c7f3a-mobile-login: pinned, refs must not move

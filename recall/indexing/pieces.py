@@ -21,7 +21,7 @@ import numpy as np
 
 from recall.domain.conversation import is_recalled
 from recall.embedder import Embedder
-from recall.engines.embedded.text import identifier_forms
+from recall.ranking.text import identifier_forms
 
 # Bump when the rows or the embedded text change (or the embedded engine's table layout): every
 # index built otherwise is then rebuilt, the SQLite file and the PostgreSQL users' chunks alike.

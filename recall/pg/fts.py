@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 
-from recall.engines.embedded.text import fts_forms, fts_text
 from recall.indexing.pieces import FTS_TOKENIZER
+from recall.ranking.text import fts_forms, fts_text
 
 TEXT, IDS = "text", "ids"  # the columns, as fts5vocab names them
 

@@ -270,7 +270,7 @@ CREATE TABLE recall_schema (
     + _SHARED_V1
     + _FUNCTIONS_V1,
     2: """
--- A replica's cached matrix of a user's vectors (recall/engines/embedded/vectors.py) is valid
+-- A replica's cached matrix of a user's vectors (recall/ranking/vectors.py) is valid
 -- for one value: every change to the user's searchable chunks (an index run's flush, a forget,
 -- an erase, a rebuild) sets a new one from the sequence, so a value never comes back.
 ALTER TABLE users ADD COLUMN generation bigint NOT NULL DEFAULT 0;

@@ -37,8 +37,12 @@ from recall.concurrency import run_in, usable_cores
 from recall.domain.answers import Recalled
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder
-from recall.engines.embedded.render import NEIGHBOURS, render
-from recall.engines.embedded.search import (
+from recall.indexing.pieces import Neighbour, gather_neighbours
+from recall.pg.database import Connection, Database
+from recall.pg.fts import phrase_counts, phrase_stems
+from recall.pg.index import fingerprint
+from recall.ranking.render import NEIGHBOURS, render
+from recall.ranking.search import (
     DENSE_WEIGHT,
     IDS_COLUMN_WEIGHT,
     LEXICAL_POOL,
@@ -60,12 +64,8 @@ from recall.engines.embedded.search import (
     searched_terms,
     top_hits,
 )
-from recall.engines.embedded.text import Query, stem_prefixes
-from recall.engines.embedded.vectors import VectorCache, Vectors
-from recall.indexing.pieces import Neighbour, gather_neighbours
-from recall.pg.database import Connection, Database
-from recall.pg.fts import phrase_counts, phrase_stems
-from recall.pg.index import fingerprint
+from recall.ranking.text import Query, stem_prefixes
+from recall.ranking.vectors import VectorCache, Vectors
 from recall.store import MemoryState
 
 K1, B = 1.2, 0.75  # FTS5's bm25 constants (fts5_aux.c)

@@ -30,22 +30,6 @@ from recall.domain.answers import Recalled
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder, release_freed_memory
 from recall.engines.base import ForgetWindows
-from recall.engines.embedded.render import NEIGHBOURS, render
-from recall.engines.embedded.search import (
-    DENSE_WEIGHT,
-    LEXICAL_WEIGHT,
-    MIN_SIMILARITY,
-    Hit,
-    Lexical,
-    Notes,
-    common_floor,
-    dense,
-    fuse,
-    notes,
-    nothing_relevant,
-    order_pool,
-    top_hits,
-)
 from recall.engines.embedded.store import (
     candidate_rows,
     common_stems,
@@ -62,8 +46,24 @@ from recall.engines.embedded.store import (
     outdated,
     reconcile,
 )
-from recall.engines.embedded.text import Query
-from recall.engines.embedded.vectors import VectorCache, Vectors
+from recall.ranking.render import NEIGHBOURS, render
+from recall.ranking.search import (
+    DENSE_WEIGHT,
+    LEXICAL_WEIGHT,
+    MIN_SIMILARITY,
+    Hit,
+    Lexical,
+    Notes,
+    common_floor,
+    dense,
+    fuse,
+    notes,
+    nothing_relevant,
+    order_pool,
+    top_hits,
+)
+from recall.ranking.text import Query
+from recall.ranking.vectors import VectorCache, Vectors
 
 if TYPE_CHECKING:
     from recall.indexing.workers import IndexWorkers

@@ -25,17 +25,6 @@ import numpy as np
 
 from recall.domain.conversation import SOURCE_SUFFIX
 from recall.embedder import Embedder, packaged_fingerprint
-from recall.engines.embedded.search import (
-    IDS_COLUMN_WEIGHT,
-    LEXICAL_POOL,
-    Candidate,
-    Lexical,
-    Pooled,
-    known_counts,
-    lexical,
-    searched_terms,
-)
-from recall.engines.embedded.text import Query, fts_query, fts_text
 from recall.files.layout import read_source, source_files
 from recall.indexing.pieces import (
     FTS_TOKENIZER,
@@ -49,6 +38,17 @@ from recall.indexing.pieces import (
     gather_neighbours,
     rows_of,
 )
+from recall.ranking.search import (
+    IDS_COLUMN_WEIGHT,
+    LEXICAL_POOL,
+    Candidate,
+    Lexical,
+    Pooled,
+    known_counts,
+    lexical,
+    searched_terms,
+)
+from recall.ranking.text import Query, fts_query, fts_text
 
 log = logging.getLogger("recall.embedded")
 

@@ -36,9 +36,9 @@ from datetime import UTC, datetime
 
 from recall.domain.answers import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED, Passage, Recalled
 from recall.domain.conversation import place
-from recall.engines.embedded.search import Hit, Notes
-from recall.engines.embedded.text import Query
 from recall.indexing.pieces import Neighbour
+from recall.ranking.search import Hit, Notes
+from recall.ranking.text import Query
 
 NEIGHBOURS = 4  # turns shown before and after each hit, nearest first when room is short
 NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shortened

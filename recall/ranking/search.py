@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from recall.engines.embedded.text import (
+from recall.ranking.text import (
     ID_COVERAGE,
     NON_WORD,
     WORD,
