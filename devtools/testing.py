@@ -129,11 +129,7 @@ class LocalServer:
                 raise RuntimeError(f"server did not start:\n{self.log()}")
 
     def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        return answers_healthz(self.url, timeout=1)
 
     def replica(self, log_name: str) -> LocalServer:
         """Another server (not yet started) with these settings, key and tokens on a port of its
@@ -309,6 +305,15 @@ def running_nginx(workdir: Path, replicas: list[str], port: int | None = None) -
     finally:
         process.terminate()
         process.wait(10)
+
+
+def answers_healthz(url: str, timeout: float = 2) -> bool:
+    """A server at ``url`` answers /healthz with 200."""
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=timeout) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def port_open(port: int) -> bool:

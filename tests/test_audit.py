@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,17 +19,7 @@ from recall.files.audit_file import AUDIT_FILE
 
 
 def post_audit(server: Server, body: Any, key: str | None = "default") -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"{server.url}/audit", data=json.dumps(body).encode(), method="POST"
-    )
-    request.add_header("content-type", "application/json")
-    if key is not None:
-        request.add_header("x-ingest-key", server.ingest_key if key == "default" else key)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+    return server.post(body, key, route="/audit")
 
 
 TICKET = conversation(

@@ -33,7 +33,7 @@ from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from test_auth import claims, jwt_settings, signed
 
-from devtools.testing import free_port
+from devtools.testing import answers_healthz, free_port
 from examples.record_runs import RECORD
 
 EXAMPLES = ROOT / "examples"
@@ -164,14 +164,6 @@ def replicas_py(*arguments: str, env: dict[str, str]) -> subprocess.CompletedPro
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def health(url: str) -> dict[str, object]:
     with urllib.request.urlopen(f"{url}/healthz", timeout=10) as response:
         return json.loads(response.read())
@@ -215,7 +207,7 @@ def test_replicas_py_with_nginx_takes_a_post_and_a_search_through_deploy_nginx_c
     assert "the Q-3 valve is on order" in found.stdout, found.stderr
     assert '"POST /turns HTTP/1.1" 202' in log and '"POST /mcp HTTP/1.1" 200' in log
     assert stopped.returncode == 0, stopped.stderr
-    assert not any(answers(f"http://127.0.0.1:{port}") for port in (a, b, lb))
+    assert not any(answers_healthz(f"http://127.0.0.1:{port}") for port in (a, b, lb))
 
 
 @pytest.fixture

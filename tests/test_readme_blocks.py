@@ -36,7 +36,7 @@ import pytest
 from conftest import ROOT
 
 from devtools.demo import seeded_demo
-from devtools.testing import PASSED_THROUGH, free_port
+from devtools.testing import PASSED_THROUGH, answers_healthz, free_port
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -108,14 +108,6 @@ def kill_group(process: subprocess.Popen[str]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def answers(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def stored_turns(port: int, token: str, conversation_id: str) -> list[dict[str, object]]:
     """The conversation's stored turns as its owner's memory page reads them."""
     request = urllib.request.Request(
@@ -129,7 +121,7 @@ def stored_turns(port: int, token: str, conversation_id: str) -> list[dict[str, 
 
 def stops_answering(port: int, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
-    while answers(port):
+    while answers_healthz(f"http://127.0.0.1:{port}"):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
@@ -246,7 +238,7 @@ def test_the_run_command_shows_the_key_the_write_route_block_posts_with(tmp_path
         server = bash(runnable(run_command, port), cwd, port, stdout=out, stderr=err)
     try:
         deadline = time.monotonic() + 120
-        while not answers(port):
+        while not answers_healthz(f"http://127.0.0.1:{port}"):
             assert server.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
