@@ -28,21 +28,25 @@ from pg import PgDatabase
 from test_embedded_engine import CORPUS, CountingEmbedder
 
 import recall.pg.index
+import recall.pg.source
+import recall.ranking.pipeline
+import recall.ranking.search
 from benchmark.history import generate
 from recall.domain.answers import UNAVAILABLE
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder, OnnxEmbedder
 from recall.engines.embedded.engine import EmbeddedEngine
-from recall.engines.embedded.store import common_stems, connect, db_path, lexical_leg
+from recall.engines.embedded.store import bm25_pool, common_stems, connect, db_path
 from recall.files.layout import write_conversation
 from recall.models import load_embedder
 from recall.pg.database import Connection, Database
 from recall.pg.fts import phrase_stems
 from recall.pg.index import IndexRunner
 from recall.pg.search import PgSearch
+from recall.pg.source import PgSource, Snapshot
 from recall.pg.store import PgStore
-from recall.ranking.search import common_floor
+from recall.ranking.search import LEXICAL_POOL, common_floor
 from recall.ranking.text import Query
 from recall.ranking.vectors import Vectors
 
@@ -264,7 +268,8 @@ def sqlite_pool(home: Path, query: Query, candidates: int) -> list[tuple[str, st
     try:
         passages = con.execute("SELECT count(*) FROM chunks WHERE recalled = 0").fetchone()[0]
         common = common_stems(con, common_floor(passages))
-        pool = lexical_leg(con, query, common, candidates, passages).pool
+        found = bm25_pool(con, query, common, candidates * LEXICAL_POOL, passages)
+        pool = [row.id for row in found.rows]
         keys = dict(
             ((rowid, (conv, chunk)) for rowid, conv, chunk in con.execute(
                 "SELECT id, conv, chunk FROM chunks"
@@ -282,14 +287,19 @@ async def pg_pool(search: PgSearch, user_hash: str, query: Query) -> list[tuple[
             "SELECT passages, tokens FROM users WHERE user_hash = %s", (user_hash,)
         )
         passages, tokens = await cur.fetchone()
-        by_words = await search._lexical(
-            conn, user_hash, query, phrase_stems(query.terms), passages, tokens
+        snapshot = Snapshot(user_hash, passages, tokens, phrase_stems(query.terms))
+        found = await PgSource(conn, snapshot, no_vectors, search._pool).pool(
+            query, search.candidates * LEXICAL_POOL
         )
         cur = await conn.execute(
             "SELECT id, conversation_id, chunk FROM chunks WHERE user_hash = %s", (user_hash,)
         )
         keys = {rowid: (conv, chunk) for rowid, conv, chunk in await cur.fetchall()}
-    return [keys[rowid] for rowid in by_words.pool]
+    return [keys[row.id] for row in found.rows]
+
+
+async def no_vectors() -> Vectors:
+    raise AssertionError("PostgreSQL's BM25 pool reads no vectors")
 
 
 def sqlite_terms(home: Path) -> tuple[dict[str, int], int, int]:
@@ -382,6 +392,49 @@ async def test_postgres_applies_recency_as_the_embedded_engine_does(
     # user's newest turn in both)
     for text in ["MT-4471 owner", "ticket", "who looks after the cooling?", "release"]:
         assert await engine.recall(home, text) == await search.recall(user_dir_name("alice"), text)
+    await search.close()
+
+
+async def test_a_ranking_change_in_the_pipeline_shows_alike_on_both_stores(
+    embedder: Remembered,
+    db: Database,
+    store: PgStore,
+    superuser: psycopg.Connection[Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a small history in both stores, and their answers to a few queries
+    bodies = [body("alice", cid, start, turns) for cid, (start, turns) in CORPUS.items()]
+    home = tmp_path / user_dir_name("alice")  # named as the files store names it: same refs
+    for one in bodies:
+        write_conversation(home, parse_conversation(one))
+    await EmbeddedEngine(embedder).index(home)
+    await post(store, bodies)
+    await index_once(db, embedder, superuser, "alice")
+    engine = EmbeddedEngine(embedder, min_similarity=0.0)
+    search = PgSearch(db, embedder, min_similarity=0.0)
+    queries = ["MT-4471 owner", "ticket", "who looks after the cooling?", "release"]
+
+    async def answers() -> tuple[list[str], list[str]]:
+        return (
+            [(await engine.recall(home, q)).text for q in queries],
+            [(await search.recall(user_dir_name("alice"), q)).text for q in queries],
+        )
+
+    embedded_before, postgres_before = await answers()
+    assert embedded_before == postgres_before
+
+    # When one stage is changed in the pipeline module alone: the fusion ranks worst first
+    def worst_first(legs: list[tuple[list[int], float]]) -> dict[int, float]:
+        return {rowid: 1.0 - score for rowid, score in recall.ranking.search.fuse(legs).items()}
+
+    monkeypatch.setattr(recall.ranking.pipeline, "fuse", worst_first)
+    embedded_after, postgres_after = await answers()
+
+    # Then every answer changed, on both stores, and the two still answer alike to the byte
+    assert all(a != b for a, b in zip(embedded_before, embedded_after, strict=True))
+    assert all(a != b for a, b in zip(postgres_before, postgres_after, strict=True))
+    assert embedded_after == postgres_after
     await search.close()
 
 
@@ -753,13 +806,20 @@ class ForgetsWhileReading(PgSearch):
         self.forget = forget
         self.tries = 0
 
-    async def _with_neighbours(self, conn: Any, user_hash: str, hits: list[Any]) -> Any:
-        self.tries += 1
-        found = await super()._with_neighbours(conn, user_hash, hits)
-        if self.tries == 1:
-            assert any(SECRET in hit.text for hit in hits)  # the snapshot still holds it
-            await self.forget()
-        return found
+    def _source(self, conn: Connection, snapshot: Snapshot, generation: str) -> PgSource:
+        source = super()._source(conn, snapshot, generation)
+        read_around = source.around
+
+        async def around(hits: Any, span: int) -> Any:  # the pipeline's last read
+            self.tries += 1
+            found = await read_around(hits, span)
+            if self.tries == 1:
+                assert any(SECRET in hit.text for hit in hits)  # the snapshot still holds it
+                await self.forget()
+            return found
+
+        source.around = around  # type: ignore[method-assign]
+        return source
 
 
 async def test_a_forget_committed_during_a_recall_never_returns_the_forgotten_passage(
@@ -902,6 +962,32 @@ async def test_a_cached_matrix_serves_until_the_users_chunks_change_on_any_repli
     await search.close()
 
 
+class SlowReads(CountsReads):
+    """A replica whose reads of a matrix take a while: other recalls miss the cache meanwhile."""
+
+    async def _read_vectors(self, conn: Connection, user_hash: str, generation: str) -> Vectors:
+        await asyncio.sleep(0.5)
+        return await super()._read_vectors(conn, user_hash, generation)
+
+
+async def test_concurrent_recalls_of_one_uncached_user_read_its_matrix_once(
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+) -> None:
+    # Given a user whose matrix no recall has read yet
+    alice = user_dir_name("alice")
+    await post(store, [body("alice", "plan", "2025-05-01T09:00:00Z", [("user", "Plan ready.")])])
+    await index_once(db, embedder, superuser, "alice")
+    search = SlowReads(db, embedder, min_similarity=0.0)
+
+    # When four recalls for her arrive together
+    found = await asyncio.gather(*(search.recall(alice, "plan") for _ in range(4)))
+
+    # Then the matrix was read once, and every recall was answered from it
+    assert search.reads == 1
+    assert "Plan ready." in found[0].text and len(set(found)) == 1
+    await search.close()
+
+
 async def test_every_change_to_a_users_chunks_makes_a_generation_never_seen_before(
     embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
@@ -1032,7 +1118,7 @@ async def test_phrases_are_counted_off_the_event_loop_and_a_cancelled_recall_sto
     # Given alice with 1,500 pieces full of words joined by "_", and the counting watched
     await post(store, paired_history("alice", 30, 50))
     await index_once(db, Scattered(embedder), superuser, "alice")
-    counting = recall.pg.search.phrase_counts
+    counting = recall.pg.source.phrase_counts
     started: list[str] = []
     ended: list[str] = []
 
@@ -1043,7 +1129,7 @@ async def test_phrases_are_counted_off_the_event_loop_and_a_cancelled_recall_sto
         finally:
             ended.append(threading.current_thread().name)
 
-    monkeypatch.setattr(recall.pg.search, "phrase_counts", watched)
+    monkeypatch.setattr(recall.pg.source, "phrase_counts", watched)
     search = PgSearch(db, embedder, min_similarity=0.0)
     alice = user_dir_name("alice")
     query = " ".join(PAIRS[::2][:32])

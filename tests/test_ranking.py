@@ -15,15 +15,23 @@ from recall.domain.answers import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED
 from recall.embedder import OnnxEmbedder
 from recall.engines.embedded.engine import EmbeddedEngine
 from recall.engines.embedded.store import (
+    bm25_pool,
     candidate_rows,
     common_stems,
     connect,
     db_path,
     doc_counts,
-    lexical_leg,
 )
 from recall.models import load_embedder
-from recall.ranking.search import Lexical, common_floor, order_pool, top_hits
+from recall.ranking.pipeline import run_blocking
+from recall.ranking.search import (
+    LEXICAL_POOL,
+    Lexical,
+    common_floor,
+    lexical,
+    order_pool,
+    top_hits,
+)
 from recall.ranking.text import Query
 
 # A chat between two people: both names in every turn, as a chat log's speaker labels put them.
@@ -75,7 +83,8 @@ def test_a_rare_word_outweighs_names_and_words_every_turn_carries(chat: Path) ->
         common = common_stems(con, common_floor(passages))
 
         # When the lexical leg ranks its candidates
-        pool = lexical_leg(con, query, common, candidates=3, passages=passages)
+        found = bm25_pool(con, query, common, 3 * LEXICAL_POOL, passages)
+        pool = lexical(query, found.counts, found.rows, found.passages)
         best = pool.pool[pool.shares.index(pool.covered)]
         first = con.execute("SELECT text FROM chunks WHERE id = ?", (best,)).fetchone()
     finally:
@@ -389,3 +398,19 @@ async def test_a_turn_next_to_a_better_hit_gives_its_place_to_another_passage(
 
     # Then the second place goes to the other conversation: "two" shows as "one"'s neighbour
     assert [hit.text for hit in hits] == ["one", "three"]
+
+
+def test_the_blocking_driver_runs_a_pipeline_to_its_end_and_refuses_one_that_suspends() -> None:
+    async def read() -> int:  # a source's method: a blocking read, then its value
+        return 7
+
+    async def blocking() -> int:
+        return await read() * 6
+
+    async def suspends() -> int:
+        await asyncio.sleep(0)  # yields to an event loop, which a recall thread has not
+        return 42
+
+    assert run_blocking(blocking()) == 42
+    with pytest.raises(RuntimeError, match="suspended"):
+        run_blocking(suspends())

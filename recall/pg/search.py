@@ -1,34 +1,24 @@
-"""Recall over PostgreSQL: the embedded engine's pipeline (EmbeddedEngine._search, the
-neighbours, render) through the shared ranking core, over one user's rows.
+"""Recall over PostgreSQL: the one ranking pipeline (recall/ranking/pipeline.py) over one
+user's rows (source.py), then render, as the embedded engine answers.
 
     query -> Query -> its vector and its terms' FTS5 stems (a thread)
       -> one REPEATABLE READ READ ONLY transaction:
            users (forgets, BM25 totals, built_by, generation)
-           -> the user's matrix: cached when of this generation, else read in this snapshot
-           -> the dense leg, exact (the query's cosine with every row of the matrix)
-           -> the terms' passage counts (`terms`) -> the BM25 pool from the postings (a
-              phrase of several stems, "user_id": its rows tokenised again, in batches, on the
-              recall's threads), by FTS5's own formula -> lexical (coverage) -> nothing relevant?
-           -> order_pool -> fuse -> top_hits -> the neighbours
+           -> pipeline.rank over PgSource: the user's matrix (cached when of this generation,
+              else read in this snapshot), the dense leg (exact cosine with every row), the
+              BM25 pool from the postings by FTS5's own formula (ranking/bm25.py), lexical,
+              nothing relevant?, order_pool, fuse, top_hits, the neighbours
       -> users.forgets read again: changed -> run again (a forget deletes its chunks in its
          own transaction, so a fresh snapshot holds none of them)
       -> render
 
-BM25 is FTS5's `bm25(fts, 1.0, IDS_COLUMN_WEIGHT)` (fts5_aux.c): for each query phrase,
-idf = ln((N - n + 0.5) / (n + 0.5)) (1e-6 when not above 0), f = tf in text + weight x tf in
-ids, score += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * D / avgdl)), summed in the query's
-phrase order in floating point as FTS5 sums it; ties by id, as SQLite's sorter leaves them
-(rowid order). The one thing kept between calls is each user's matrix, and only for the
-generation it was read at (vectors.py): a forget on any replica is honoured at once.
+The one thing kept between calls is each user's matrix, and only for the generation it was
+read at (vectors.py): a forget on any replica is honoured at once.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 import psycopg
@@ -37,66 +27,24 @@ from recall.concurrency import run_in, usable_cores
 from recall.domain.answers import Recalled
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder
-from recall.indexing.pieces import Neighbour, gather_neighbours
 from recall.pg.database import Connection, Database
-from recall.pg.fts import phrase_counts, phrase_stems
+from recall.pg.fts import phrase_stems
 from recall.pg.index import fingerprint
-from recall.ranking.render import NEIGHBOURS, render
-from recall.ranking.search import (
-    DENSE_WEIGHT,
-    IDS_COLUMN_WEIGHT,
-    LEXICAL_POOL,
-    LEXICAL_WEIGHT,
-    MIN_SIMILARITY,
-    Candidate,
-    Hit,
-    Lexical,
-    Notes,
-    Pooled,
-    common_floor,
-    dense,
-    fuse,
-    known_counts,
-    lexical,
-    notes,
-    nothing_relevant,
-    order_pool,
-    searched_terms,
-    top_hits,
-)
-from recall.ranking.text import Query, stem_prefixes
-from recall.ranking.vectors import VectorCache, Vectors
+from recall.pg.source import PgSource, Snapshot
+from recall.ranking.pipeline import Found, rank
+from recall.ranking.render import render
+from recall.ranking.search import MIN_SIMILARITY, Notes
+from recall.ranking.text import Query
+from recall.ranking.vectors import VectorCache, VectorLoads, Vectors
 from recall.store import MemoryState
 
-K1, B = 1.2, 0.75  # FTS5's bm25 constants (fts5_aux.c)
-TEXT_COLUMN_WEIGHT = 1.0
 # A recall re-runs when a forget committed while it read; past this many tries in a row it
 # gives up (a user forgetting without pause): RecallRaced, which the server answers softly.
 MAX_TRIES = 5
-# Rows tokenised per step when counting the phrases of several stems ("user_id"): 50-100 ms of
-# a thread for 500 rows of two dozen such words each, so a cancelled recall stops within that.
-PHRASE_BATCH = 500
-
-Found = list[tuple[Hit, list[Neighbour]]]
 
 
 class RecallRaced(Exception):
     """Every try of a recall overlapped a forget of the same user: nothing is returned."""
-
-
-def fts5_idf(rows: int, hits: int) -> float:
-    """FTS5's idf of a phrase found in ``hits`` of ``rows`` passages."""
-    idf = math.log((rows - hits + 0.5) / (hits + 0.5))
-    return idf if idf > 0.0 else 1e-6
-
-
-def bm25(terms: Sequence[tuple[float, float]], length: int, avgdl: float) -> float:
-    """FTS5's score of a row of ``length`` tokens: ``terms`` are the (idf, frequency) of each
-    phrase it holds, in the query's order (the sum's order: floating point is not associative)."""
-    score = 0.0
-    for idf, freq in terms:
-        score += idf * ((freq * (K1 + 1.0)) / (freq + K1 * (1 - B + B * length / avgdl)))
-    return score
 
 
 class PgSearch:
@@ -129,7 +77,7 @@ class PgSearch:
             min(recall_concurrency, usable_cores()), thread_name_prefix="recall-pg"
         )
         self.cache = VectorCache(cache_bytes)
-        self._loads: dict[str, asyncio.Lock] = {}  # one read of a user's matrix at a time
+        self.loads = VectorLoads(self.cache, asynchronous=True)  # one read per user at a time
 
     async def state(self, user_hash: str) -> MemoryState:
         async with self.db.user(user_hash, read_only=True) as conn:
@@ -195,28 +143,33 @@ class PgSearch:
                     return forgets, [], Notes()
                 if built != self.wanted:
                     raise EngineError("index built by another schema or model")
-                vectors = await self._vectors(conn, user_hash, str(generation))
-                hits, said = await self._rank(
-                    conn, user_hash, query, qvec, stems, vectors, passages, tokens
+                source = self._source(
+                    conn, Snapshot(user_hash, passages, tokens, stems), str(generation)
                 )
-                return forgets, await self._with_neighbours(conn, user_hash, hits), said
+                found, said = await rank(
+                    source,
+                    query,
+                    qvec,
+                    k=self.k,
+                    candidates=self.candidates,
+                    half_life_days=self.half_life_days,
+                    min_similarity=self.min_similarity,
+                )
+                return forgets, found, said
         except psycopg.DataError as exc:  # e.g. vectors of another dimension than the query's
             raise EngineError(f"index unreadable: {type(exc).__name__}") from exc
 
-    async def _vectors(self, conn: Connection, user_hash: str, generation: str) -> Vectors:
-        """The user's matrix of this snapshot's generation: cached, or read in the snapshot.
-        Recalls of one user that miss wait for one read rather than each reading it all."""
-        if (cached := self.cache.get(user_hash, generation)) is not None:
-            return cached
-        lock = self._loads.setdefault(user_hash, asyncio.Lock())
-        async with lock:
-            vectors = self.cache.get(user_hash, generation)
-            if vectors is None:
-                vectors = await self._read_vectors(conn, user_hash, generation)
-                self.cache.keep(user_hash, vectors)
-        if not lock.locked():  # nobody reading: the lock goes (a waiter keeps its own)
-            self._loads.pop(user_hash, None)
-        return vectors
+    def _source(self, conn: Connection, snapshot: Snapshot, generation: str) -> PgSource:
+        """The pipeline's source over this transaction. Its matrix is the cached one of this
+        generation, or read in this snapshot: recalls of one user that miss wait for one read."""
+
+        async def vectors() -> Vectors:
+            user_hash = snapshot.user_hash
+            return await self.loads.aget(
+                user_hash, generation, lambda: self._read_vectors(conn, user_hash, generation)
+            )
+
+        return PgSource(conn, snapshot, vectors, self._pool)
 
     async def _read_vectors(self, conn: Connection, user_hash: str, generation: str) -> Vectors:
         """store.load_vectors over the user's rows: recalled answers left out (the dense leg
@@ -234,189 +187,3 @@ class PgSearch:
             matrix[n] = row[2].to_numpy()
         newest = max((row[1] for row in rows), default=0.0)
         return Vectors(generation, ids, matrix, float(newest))
-
-    async def _rank(
-        self,
-        conn: Connection,
-        user_hash: str,
-        query: Query,
-        qvec: np.ndarray,
-        stems: list[list[list[str]]],
-        vectors: Vectors,
-        passages: int,
-        tokens: int,
-    ) -> tuple[list[Hit], Notes]:
-        """EmbeddedEngine._search over this user's rows."""
-        similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
-        by_words = (
-            await self._lexical(conn, user_hash, query, stems, passages, tokens)
-            if query.terms
-            else Lexical([], [], False)
-        )
-        by_meaning, best_similarity = dense(vectors.ids, similarity, self.candidates)
-        if nothing_relevant(by_words, best_similarity, self.min_similarity):
-            return [], notes(query, by_words)
-        by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=self.candidates)
-        fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
-        cur = await conn.execute(
-            "SELECT id, conversation_id, turn, seq, ts, epoch, role, text, ids FROM chunks"
-            " WHERE user_hash = %s AND id = ANY(%s)",
-            (user_hash, list(fused)),
-        )
-        rows = await cur.fetchall()
-        candidates = [Candidate(*row[:8], row[8].split()) for row in rows]
-        hits = top_hits(
-            candidates,
-            fused,
-            k=self.k,
-            newest=vectors.newest,
-            half_life_days=self.half_life_days,
-            months=query.months,
-            ids=query.ids,
-        )
-        return hits, notes(query, by_words, candidates, hits)
-
-    async def _lexical(
-        self,
-        conn: Connection,
-        user_hash: str,
-        query: Query,
-        stems: list[list[list[str]]],
-        passages: int,
-        tokens: int,
-    ) -> Lexical:
-        """store.lexical_leg over the postings: the query's term counts and its BM25 pool,
-        ranked by search.lexical."""
-        # Each term's phrases, one per form (text.fts_forms): FTS5's `"form" OR "form"`.
-        stems_of = dict(zip(query.terms, stems, strict=True))
-        # A common word is told by its prefixes (text.common_count): only those are read.
-        probes = {prefix for term in query.terms for prefix in stem_prefixes(term)}
-        cur = await conn.execute(
-            "SELECT term, docs FROM terms WHERE user_hash = %s AND term = ANY(%s)",
-            (user_hash, sorted(probes | {s for forms in stems for p in forms for s in p})),
-        )
-        docs: dict[str, int] = dict(await cur.fetchall())
-        floor = common_floor(passages)
-        common = {p: docs[p] for p in probes if docs.get(p, 0) > floor}
-        counts = known_counts(query, common)
-        searched = searched_terms(query, common)
-        phrases = [phrase for term in searched for phrase in stems_of[term]]
-        owner = [term for term in searched for _ in stems_of[term]]  # each phrase's term
-        # Each one-stem phrase (nearly every query word): the rows holding it, with (tf in text,
-        # tf in ids), from its postings.
-        cur = await conn.execute(
-            "SELECT p.term, p.chunk_id, p.tf_text, p.tf_ids, c.tokens FROM postings p"
-            " JOIN chunks c ON c.user_hash = p.user_hash AND c.id = p.chunk_id"
-            " WHERE p.user_hash = %s AND p.term = ANY(%s)",
-            (user_hash, sorted({phrase[0] for phrase in phrases if len(phrase) == 1})),
-        )
-        by_stem: dict[str, dict[int, tuple[int, int]]] = {}
-        length: dict[int, int] = {}
-        for term, chunk_id, tf_text, tf_ids, row_tokens in await cur.fetchall():
-            by_stem.setdefault(term, {})[chunk_id] = (tf_text, tf_ids)
-            length[chunk_id] = row_tokens
-        # Phrases of several stems ("user_id" is "user" "id"): counted in the rows' own text.
-        several = list(dict.fromkeys(tuple(phrase) for phrase in phrases if len(phrase) > 1))
-        in_rows = await self._phrases(conn, user_hash, several, length) if several else {}
-        held = [
-            by_stem.get(phrase[0], {}) if len(phrase) == 1 else in_rows.get(tuple(phrase), {})
-            for phrase in phrases
-        ]
-        rows_of: dict[str, set[int]] = {}  # a term's count: the rows holding any of its forms
-        for term, h in zip(owner, held, strict=True):
-            rows_of.setdefault(term, set()).update(h)
-        counts.update({t: len(rows_of.get(t, ())) for t in searched if t not in counts})
-        # FTS5's BM25 over the rows that hold any searched phrase, best first, ties by id.
-        idfs = [fts5_idf(passages, len(h)) for h in held]
-        avgdl = tokens / passages
-        scores = {
-            chunk_id: bm25(
-                [
-                    (idf, tf[0] * TEXT_COLUMN_WEIGHT + tf[1] * IDS_COLUMN_WEIGHT)
-                    for idf, h in zip(idfs, held, strict=True)
-                    if (tf := h.get(chunk_id)) is not None
-                ],
-                length[chunk_id],
-                avgdl,
-            )
-            for chunk_id in {c for h in held for c in h}
-        }
-        pool = sorted(scores, key=lambda c: (-scores[c], c))[: self.candidates * LEXICAL_POOL]
-        cur = await conn.execute(
-            "SELECT id, text, ids FROM chunks WHERE user_hash = %s AND id = ANY(%s)",
-            (user_hash, pool),
-        )
-        pooled = {row[0]: row for row in await cur.fetchall()}
-        rows = [Pooled(c, pooled[c][1], pooled[c][2].split()) for c in pool]
-        return lexical(query, counts, rows, passages)
-
-    async def _phrases(
-        self,
-        conn: Connection,
-        user_hash: str,
-        phrases: list[tuple[str, ...]],
-        length: dict[int, int],
-    ) -> dict[tuple[str, ...], dict[int, tuple[int, int]]]:
-        """The rows holding each phrase of several stems ("user_id"), with its (tf in text, tf
-        in ids) in each, counted as FTS5 matches it (consecutive tokens); ``length`` gets those
-        rows' token counts. The postings hold no positions, so the rows holding every stem of a
-        phrase are read and tokenised again: PHRASE_BATCH at a time, each batch once for all the
-        phrases, on the recall's threads (about a second of CPU for 3,000 rows: never on the
-        event loop, which other users' posts and /healthz need), and a cancelled recall stops
-        after the batch under way. text.MAX_PHRASE_TERMS bounds the phrases."""
-        # (stem, its phrase, the phrase's distinct stems): a row holding all of them is read.
-        wanted = [(s, n, len(set(p))) for n, p in enumerate(phrases) for s in sorted(set(p))]
-        cur = await conn.execute(
-            "SELECT DISTINCT p.chunk_id FROM unnest(%s::text[], %s::int[], %s::int[])"
-            " AS w (term, phrase, stems)"
-            " JOIN postings p ON p.user_hash = %s AND p.term = w.term"
-            " GROUP BY p.chunk_id, w.phrase, w.stems HAVING count(*) = w.stems ORDER BY 1",
-            ([w[0] for w in wanted], [w[1] for w in wanted], [w[2] for w in wanted], user_hash),
-        )
-        rows = [row[0] for row in await cur.fetchall()]
-        found: list[dict[int, tuple[int, int]]] = [{} for _ in phrases]
-        for start in range(0, len(rows), PHRASE_BATCH):
-            cur = await conn.execute(
-                "SELECT id, text, ids, tokens FROM chunks WHERE user_hash = %s AND id = ANY(%s)",
-                (user_hash, rows[start : start + PHRASE_BATCH]),
-            )
-            batch = await cur.fetchall()
-            pieces = [(text, ids) for _, text, ids, _ in batch]
-            counts = await run_in(self._pool, phrase_counts, phrases, pieces)
-            for held, in_batch in zip(found, counts, strict=True):
-                for (chunk_id, _, _, row_tokens), tf in zip(batch, in_batch, strict=True):
-                    if tf != (0, 0):
-                        held[chunk_id] = tf
-                        length[chunk_id] = row_tokens
-        return dict(zip(phrases, found, strict=True))
-
-    async def _with_neighbours(self, conn: Connection, user_hash: str, hits: list[Hit]) -> Found:
-        """Each hit with up to NEIGHBOURS turns before and after it (store.neighbours)."""
-        if not hits:
-            return []
-        # Two hits of one conversation may share neighbours: each piece once (by its id).
-        cur = await conn.execute(
-            "SELECT DISTINCT c.id, c.conversation_id, c.seq, c.block, c.split, c.role, c.text,"
-            " c.recalled FROM unnest(%s::text[], %s::int[]) AS h (conv, seq)"
-            " JOIN chunks c ON c.user_hash = %s AND c.conversation_id = h.conv"
-            " AND c.seq BETWEEN h.seq - %s AND h.seq + %s"
-            " ORDER BY c.conversation_id, c.seq, c.block, c.split, c.id",
-            ([h.conv for h in hits], [h.seq for h in hits], user_hash, NEIGHBOURS, NEIGHBOURS),
-        )
-        around: dict[str, list[Any]] = {}
-        for _, conv, seq, _, _, role, text, recalled in await cur.fetchall():
-            around.setdefault(conv, []).append((seq, role, text, recalled))
-        return [
-            (
-                hit,
-                gather_neighbours(
-                    hit.seq,
-                    (
-                        p
-                        for p in around.get(hit.conv, [])
-                        if p[0] != hit.seq and abs(p[0] - hit.seq) <= NEIGHBOURS
-                    ),
-                ),
-            )
-            for hit in hits
-        ]

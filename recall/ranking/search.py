@@ -1,4 +1,5 @@
-"""Ranking: the two legs (BM25, exact cosine), their fusion, recency, the top k.
+"""Ranking stages: the two legs (BM25, exact cosine), their fusion, recency, the top k. They
+are composed in one place, pipeline.rank, over a source each store implements.
 
     query -> lexical leg (BM25, re-ordered by rarity-weighted coverage, then meaning)
           + dense leg (cosine over the matrix)
@@ -12,8 +13,9 @@
 The knobs below were measured on the benchmark; their figures are recorded once, in
 benchmark/README.md, "What moved the numbers". Change one only with a run of that benchmark.
 Everything here is pure: it ranks candidates a store has read (the BM25 pool with its term
-counts, cosines, the candidate rows), never a connection, so the SQLite engine (store.py) and
-the PostgreSQL store (recall/pg/search.py) rank with the same code.
+counts, cosines, the candidate rows), never a connection. pipeline.py composes the stages, over
+the SQLite engine (engines/embedded/source.py) and PostgreSQL (pg/source.py) alike; bm25.py
+holds FTS5's formula for a store that has no FTS5.
 """
 
 from __future__ import annotations
@@ -43,8 +45,6 @@ from recall.ranking.text import (
 RRF_K = 60
 LEXICAL_WEIGHT = 1.0
 DENSE_WEIGHT = 0.5
-# bm25 weight of the identifier column: an exact id (mt4471) is the strongest evidence there is.
-IDS_COLUMN_WEIGHT = 8.0
 LEXICAL_POOL = 6  # x candidates: the BM25 rows re-ordered by query coverage
 # The pool's order: covered share + POOL_MEANING x cosine. Among passages that cover the query's
 # words alike (a place named both in a fact and in small talk), the one closer in meaning comes

@@ -2,9 +2,9 @@
 
     index:  home/src/*.funes.jsonl -> pieces -> embed what is new -> home/embedded/recall.db
             (store.py)
-    recall: query -> Query (text.py) -> BM25 + exact cosine over the user's cached matrix,
-            fused, top k (search.py) -> passages with the turns before and after, under
-            max_chars (render.py)
+    recall: query -> Query (text.py) -> the one ranking pipeline (recall/ranking/pipeline.py)
+            over this db (source.py): BM25 + exact cosine over the user's cached matrix,
+            fused, top k, the turns before and after -> passages under max_chars (render.py)
 
 This module is the seam (index, recall), the thread hops, the handling of a corrupt db and the
 per-user cache of vector matrices. The sources are the truth; the db is a disposable index. A db
@@ -21,7 +21,6 @@ import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,8 +29,8 @@ from recall.domain.answers import Recalled
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder, release_freed_memory
 from recall.engines.base import ForgetWindows
+from recall.engines.embedded.source import SqliteSource
 from recall.engines.embedded.store import (
-    candidate_rows,
     common_stems,
     connect,
     db_path,
@@ -39,31 +38,16 @@ from recall.engines.embedded.store import (
     forget_conversation,
     generation,
     is_corrupt,
-    lexical_leg,
     load_vectors,
     looks_like_db,
-    neighbours,
     outdated,
     reconcile,
 )
-from recall.ranking.render import NEIGHBOURS, render
-from recall.ranking.search import (
-    DENSE_WEIGHT,
-    LEXICAL_WEIGHT,
-    MIN_SIMILARITY,
-    Hit,
-    Lexical,
-    Notes,
-    common_floor,
-    dense,
-    fuse,
-    notes,
-    nothing_relevant,
-    order_pool,
-    top_hits,
-)
+from recall.ranking.pipeline import Found, rank, run_blocking
+from recall.ranking.render import render
+from recall.ranking.search import MIN_SIMILARITY, Notes, common_floor
 from recall.ranking.text import Query
-from recall.ranking.vectors import VectorCache, Vectors
+from recall.ranking.vectors import VectorCache, VectorLoads, Vectors
 
 if TYPE_CHECKING:
     from recall.indexing.workers import IndexWorkers
@@ -114,14 +98,6 @@ def index_sources(home: Path, embedder: Embedder, stop: RunStop) -> None:
         release_freed_memory()
 
 
-@dataclass
-class _Load:
-    """One user's matrix being loaded; recalls that miss the cache meanwhile wait for it."""
-
-    done: threading.Event = field(default_factory=threading.Event)
-    vectors: Vectors | None = None  # set when the load succeeded
-
-
 class EmbeddedEngine:
     """Hybrid BM25 + dense recall over one user's sources, stored in ``home/embedded``."""
 
@@ -152,8 +128,7 @@ class EmbeddedEngine:
         self.min_similarity = min_similarity  # calibrated for the packaged model; 0: off
         # The matrices of recent users, at most cache_bytes in all (vectors.py).
         self.cache = VectorCache(cache_bytes)
-        self._loads: dict[str, _Load] = {}  # db path -> the load in progress (one per user)
-        self._loads_lock = threading.Lock()
+        self.loads = VectorLoads(self.cache, asynchronous=False)  # one load per user at a time
         self.index_timeout = index_timeout
         # Own bounded pools, never asyncio's shared default one (see recall/concurrency.py).
         self._index_pool = ThreadPoolExecutor(index_concurrency, thread_name_prefix="recall-index")
@@ -236,10 +211,7 @@ class EmbeddedEngine:
             con = connect(path, create=False)
             try:
                 con.execute("BEGIN")  # one snapshot for the matrix, the FTS and the rows
-                hits, said = self._search(con, str(path), query)
-                with_neighbours = [
-                    (hit, neighbours(con, hit.conv, hit.seq, NEIGHBOURS)) for hit in hits
-                ]
+                found, said = self._search(con, str(path), query)
                 con.execute("COMMIT")
             finally:
                 con.close()
@@ -247,70 +219,39 @@ class EmbeddedEngine:
             raise EngineError(f"embedded index unreadable: {type(exc).__name__}") from exc
         # A forget that overlapped this recall may have deleted rows after our snapshot began.
         if hidden := self._forgetting.hidden(home, started):
-            with_neighbours = [(h, n) for h, n in with_neighbours if h.conv not in hidden]
-        return render(with_neighbours, query, self.max_chars, home.name, said)
+            found = [(h, n) for h, n in found if h.conv not in hidden]
+        return render(found, query, self.max_chars, home.name, said)
 
-    def _search(self, con: sqlite3.Connection, key: str, query: Query) -> tuple[list[Hit], Notes]:
-        vectors = self._vectors(con, key)
-        # Both legs on this thread, one after the other. BM25 on a thread of its own, beside the
-        # embedding, saved a single recall 2 ms; under load the hand-off cost more than that
-        # (16 callers back to back: 4-20% fewer calls a second; benchmark/README.md, "Load").
-        by_words = (
-            lexical_leg(con, query, vectors.common, self.candidates, len(vectors.ids))
-            if query.terms
-            else Lexical([], [], False)
-        )
+    def _search(self, con: sqlite3.Connection, key: str, query: Query) -> tuple[Found, Notes]:
+        """The pipeline over this snapshot, on this thread. Both legs run here one after the
+        other: BM25 on a thread of its own, beside the embedding, saved a single recall 2 ms;
+        under load the hand-off cost more than that (16 callers back to back: 4-20% fewer calls
+        a second; benchmark/README.md, "Load")."""
         qvec = self.embedder.embed_query([query.text])[0]
-        similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
-        by_meaning, best_similarity = dense(vectors.ids, similarity, self.candidates)
-        if nothing_relevant(by_words, best_similarity, self.min_similarity):
-            return [], notes(query, by_words)
-        by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=self.candidates)
-        fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
-        rows = candidate_rows(con, fused)
-        hits = top_hits(
-            rows,
-            fused,
-            k=self.k,
-            newest=vectors.newest,
-            half_life_days=self.half_life_days,
-            months=query.months,
-            ids=query.ids,
+        source = SqliteSource(con, lambda: self._vectors(con, key))
+        return run_blocking(
+            rank(
+                source,
+                query,
+                qvec,
+                k=self.k,
+                candidates=self.candidates,
+                half_life_days=self.half_life_days,
+                min_similarity=self.min_similarity,
+            )
         )
-        return hits, notes(query, by_words, rows, hits)
 
     def _vectors(self, con: sqlite3.Connection, key: str) -> Vectors:
-        """The user's matrix from the cache, reloaded when an index run changed the db.
-
-        Single flight: recalls that miss for the same user wait for one load instead of each
-        building the full matrix; different users load in parallel.
-        """
+        """The user's matrix from the cache, reloaded when an index run changed the db; recalls
+        that miss for the same user wait for one load (vectors.VectorLoads)."""
         current = generation(con)
-        while True:
-            with self._loads_lock:
-                if (cached := self.cache.get(key, current)) is not None:
-                    return cached
-                load = self._loads.get(key)
-                if load is None:
-                    load = self._loads[key] = _Load()
-                    break  # this recall loads
-            load.done.wait()
-            # The load may have read another generation (an index run committed in between),
-            # failed, or been too large to cache: then check the cache again or load ourselves.
-            if load.vectors is not None and load.vectors.generation == current:
-                return load.vectors
-        try:
-            load.vectors = self._load_vectors(con, current)
-        finally:
-            with self._loads_lock:
-                del self._loads[key]
-                if load.vectors is not None:
-                    self.cache.keep(key, load.vectors)
-            load.done.set()
-        vectors = load.vectors
+        return self.loads.get(key, current, lambda: self._loaded(con, key, current))
+
+    def _loaded(self, con: sqlite3.Connection, key: str, current: str) -> Vectors:
+        vectors = self._load_vectors(con, current)
         # The db path names the user's directory, a hash; never the user id.
         log.debug(
-            "vectors of %s: %d rows, %.1f MB (cache %.1f of %.1f MB)",
+            "vectors of %s: %d rows, %.1f MB (cache before them %.1f of %.1f MB)",
             Path(key).parent.parent.name,
             len(vectors.ids),
             vectors.nbytes / 2**20,

@@ -28,26 +28,17 @@ from recall.embedder import Embedder, packaged_fingerprint
 from recall.files.layout import read_source, source_files
 from recall.indexing.pieces import (
     FTS_TOKENIZER,
-    Neighbour,
     Row,
     Stored,
     batch_full,
     built_by,
     changed_rows,
     embed_missing,
-    gather_neighbours,
     rows_of,
 )
-from recall.ranking.search import (
-    IDS_COLUMN_WEIGHT,
-    LEXICAL_POOL,
-    Candidate,
-    Lexical,
-    Pooled,
-    known_counts,
-    lexical,
-    searched_terms,
-)
+from recall.ranking.bm25 import IDS_COLUMN_WEIGHT
+from recall.ranking.pipeline import Piece, Pool
+from recall.ranking.search import Candidate, Hit, Pooled, known_counts, searched_terms
 from recall.ranking.text import Query, fts_query, fts_text
 
 log = logging.getLogger("recall.embedded")
@@ -352,18 +343,20 @@ def common_stems(con: sqlite3.Connection, floor: float) -> dict[str, int]:
     return dict(con.execute("SELECT term, doc FROM vocab WHERE doc > ?", (floor,)).fetchall())
 
 
-def neighbours(con: sqlite3.Connection, conv: str, seq: int, span: int = 1) -> list[Neighbour]:
-    """The turns up to ``span`` before and after turn ``seq`` of a conversation, those that
-    exist, in conversation order."""
-    return gather_neighbours(
-        seq,
-        con.execute(
-            "SELECT seq, role, text, recalled FROM chunks"
-            " WHERE conv = ? AND seq BETWEEN ? AND ? AND seq != ?"
-            " ORDER BY seq, block, split",
-            (conv, seq - span, seq + span, seq),
-        ),
-    )
+def pieces_around(
+    con: sqlite3.Connection, hits: Sequence[Hit], span: int
+) -> dict[str, list[Piece]]:
+    """By conversation, the pieces of the turns up to ``span`` before and after each hit's (its
+    own included), each piece once, in conversation order."""
+    near = " OR ".join(["(conv = ? AND seq BETWEEN ? AND ?)"] * len(hits))
+    around: dict[str, list[Piece]] = {}
+    for conv, seq, role, text, recalled in con.execute(
+        "SELECT conv, seq, role, text, recalled FROM chunks"
+        f" WHERE {near} ORDER BY conv, seq, block, split, id",
+        [v for hit in hits for v in (hit.conv, hit.seq - span, hit.seq + span)],
+    ):
+        around.setdefault(conv, []).append(Piece(seq, role, text, recalled))
+    return around
 
 
 def doc_counts(con: sqlite3.Connection, terms: Sequence[str]) -> dict[str, int]:
@@ -377,15 +370,11 @@ def doc_counts(con: sqlite3.Connection, terms: Sequence[str]) -> dict[str, int]:
     }
 
 
-def lexical_leg(
-    con: sqlite3.Connection,
-    query: Query,
-    common: Mapping[str, int],
-    candidates: int,
-    passages: int,
-) -> Lexical:
-    """The lexical leg over FTS5: the query's term counts and its BM25 pool, ranked by
-    search.lexical."""
+def bm25_pool(
+    con: sqlite3.Connection, query: Query, common: Mapping[str, int], size: int, passages: int
+) -> Pool:
+    """The query's term counts and its ``size`` best rows by FTS5's bm25() (``passages``: the
+    searchable rows; ``common``: the common stems, loaded with the matrix)."""
     # Counting a word reads its whole doclist, which for a common word is most of a
     # 10,000-conversation recall's time: common words take their count from the vocabulary
     # loaded with the matrix; the others are counted.
@@ -394,14 +383,13 @@ def lexical_leg(
     # A wider BM25 pool, re-ordered by how much of the query each passage covers.
     rows = con.execute(
         "SELECT rowid, text, ids FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 1.0, ?) LIMIT ?",
-        (fts_query(searched_terms(query, common)), IDS_COLUMN_WEIGHT, candidates * LEXICAL_POOL),
+        (fts_query(searched_terms(query, common)), IDS_COLUMN_WEIGHT, size),
     ).fetchall()
-    pool = [Pooled(rowid, text, ids.split()) for rowid, text, ids in rows]
-    return lexical(query, counts, pool, passages)
+    return Pool(counts, passages, [Pooled(rowid, text, ids.split()) for rowid, text, ids in rows])
 
 
 def candidate_rows(con: sqlite3.Connection, ids: Iterable[int]) -> list[Candidate]:
-    """The rows of ``ids`` (the fused ones), as search.top_hits ranks them."""
+    """The rows of ``ids`` (the fused ones), as search.top_hits ranks them, in any order."""
     wanted = list(ids)
     if not wanted:
         return []

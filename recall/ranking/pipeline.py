@@ -1,0 +1,160 @@
+"""The recall pipeline: every ranking stage (search.py) composed once, over a Source each store
+implements (the embedded engine's SQLite file; PostgreSQL's rows), so a ranking change is made
+here or in search.py and shows on both stores alike.
+
+    vectors -> BM25 pool with its term counts -> lexical (coverage) ; cosines -> dense leg
+      -> nothing relevant? -> order_pool -> fuse -> candidate rows -> top_hits -> notes
+      -> each hit's neighbours
+
+The pipeline is a coroutine because PostgreSQL's reads are. SQLite's are blocking calls on the
+engine's recall thread: its source's methods are coroutines that never suspend, and
+``run_blocking`` drives the pipeline over it to its end on that thread, with no event loop
+(it raises should the pipeline ever suspend there, rather than silently need one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+import numpy as np
+
+from recall.indexing.pieces import Neighbour, gather_neighbours
+from recall.ranking.render import NEIGHBOURS
+from recall.ranking.search import (
+    DENSE_WEIGHT,
+    LEXICAL_POOL,
+    LEXICAL_WEIGHT,
+    Candidate,
+    Hit,
+    Lexical,
+    Notes,
+    Pooled,
+    dense,
+    fuse,
+    lexical,
+    notes,
+    nothing_relevant,
+    order_pool,
+    top_hits,
+)
+from recall.ranking.text import Query
+from recall.ranking.vectors import Vectors
+
+Found = list[tuple[Hit, list[Neighbour]]]  # each hit, best first, with the turns around it
+
+
+class Pool(NamedTuple):
+    """The BM25 pool of a query, as a store read it in its snapshot."""
+
+    counts: dict[str, int]  # how many passages hold each query term
+    passages: int  # the searchable passages those counts are out of
+    rows: list[Pooled]  # the best rows by BM25, best first, ties by id
+
+
+class Piece(NamedTuple):
+    """A stored piece of a turn near a hit (its conversation is the key it is filed under)."""
+
+    seq: int
+    role: str
+    text: str
+    recalled: bool | int
+
+
+class Source(Protocol):
+    """What a store gives the pipeline, all read in one snapshot of one user's index."""
+
+    async def vectors(self) -> Vectors:
+        """The user's matrix (and, for a store that keeps them there, its common stems)."""
+        ...
+
+    async def pool(self, query: Query, size: int) -> Pool:
+        """The query's term counts and its ``size`` best rows by FTS5's BM25 (bm25.py)."""
+        ...
+
+    async def candidates(self, ids: Sequence[int]) -> list[Candidate]:
+        """The rows of ``ids``, in any order."""
+        ...
+
+    async def around(self, hits: Sequence[Hit], span: int) -> Mapping[str, Sequence[Piece]]:
+        """By conversation, the pieces of the turns up to ``span`` before and after each hit
+        (the hit's own included or not), each piece once, in conversation order."""
+        ...
+
+
+async def rank(
+    source: Source,
+    query: Query,
+    qvec: np.ndarray,
+    *,
+    k: int,
+    candidates: int,
+    half_life_days: float,
+    min_similarity: float,
+) -> tuple[Found, Notes]:
+    """The best ``k`` passages for ``query`` (``qvec`` its vector) with their neighbours, and
+    the answer's notes; none when nothing is relevant."""
+    vectors = await source.vectors()
+    by_words = (
+        await lexical_leg(source, query, candidates * LEXICAL_POOL)
+        if query.terms
+        else Lexical([], [], False)
+    )
+    similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
+    by_meaning, best_similarity = dense(vectors.ids, similarity, candidates)
+    if nothing_relevant(by_words, best_similarity, min_similarity):
+        return [], notes(query, by_words)
+    by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=candidates)
+    fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
+    rows = await source.candidates(list(fused))
+    hits = top_hits(
+        rows,
+        fused,
+        k=k,
+        newest=vectors.newest,
+        half_life_days=half_life_days,
+        months=query.months,
+        ids=query.ids,
+    )
+    return await with_neighbours(source, hits), notes(query, by_words, rows, hits)
+
+
+async def lexical_leg(source: Source, query: Query, size: int) -> Lexical:
+    """The lexical leg: the store's BM25 pool, each row's share of the query (search.lexical)."""
+    pool = await source.pool(query, size)
+    return lexical(query, pool.counts, pool.rows, pool.passages)
+
+
+async def with_neighbours(source: Source, hits: list[Hit], span: int = NEIGHBOURS) -> Found:
+    """Each hit with up to ``span`` turns before and after it, those that exist."""
+    if not hits:
+        return []
+    around = await source.around(hits, span)
+    return [
+        (
+            hit,
+            gather_neighbours(
+                hit.seq,
+                (
+                    piece
+                    for piece in around.get(hit.conv, ())
+                    if piece.seq != hit.seq and abs(piece.seq - hit.seq) <= span
+                ),
+            ),
+        )
+        for hit in hits
+    ]
+
+
+T = TypeVar("T")
+
+
+def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine``, which must never suspend (its awaits are all blocking calls), to its
+    end on this thread."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise RuntimeError("the pipeline suspended over a blocking source")
