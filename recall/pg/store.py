@@ -189,7 +189,7 @@ class PgStore:
         self.database = database
         self.debounce = debounce  # an index run is due this long after the first unindexed write
         self.runner = runner
-        self.search = search
+        self.searcher = search  # recall over the database (recall/pg/search.py)
         self._keys: dict[str, bytes] = {}  # key_id -> key: never change once made
         self._current: tuple[str, bytes] | None = None  # the key new tombstones are made under
 
@@ -213,8 +213,8 @@ class PgStore:
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.close()
-        if self.search is not None:
-            await self.search.close()
+        if self.searcher is not None:
+            await self.searcher.close()
         await self.database.close()
 
     async def ready(self) -> str | None:
@@ -552,19 +552,19 @@ class PgStore:
 
     # --- search -------------------------------------------------------------------------------
 
-    def _search(self) -> PgSearch:
-        if self.search is None:
+    def _searcher(self) -> PgSearch:
+        if self.searcher is None:
             raise RuntimeError("PgStore: no search configured")
-        return self.search
+        return self.searcher
 
     async def state(self, user: str) -> MemoryState:
-        return await self._search().state(user)
+        return await self._searcher().state(user)
 
     async def recall(self, user: str, query: str) -> Recalled:
-        return await self._search().recall(user, query)
+        return await self._searcher().recall(user, query)
 
     async def search(self, user: str, query: str) -> Searched:
-        return await self._search().search(user, query)
+        return await self._searcher().search(user, query)
 
     async def locate(self, user: str, ref: str) -> Located:
         """The lookup in one snapshot: the erasures, the user's conversation ids, the one named."""
@@ -583,7 +583,7 @@ class PgStore:
     @property
     def cached_bytes(self) -> int:
         """The replica's cached vector matrices (GET /metrics' vector_cache_bytes)."""
-        return 0 if self.search is None else self.search.cache.cached_bytes
+        return 0 if self.searcher is None else self.searcher.cache.cached_bytes
 
     def repair(self, user: str) -> None:
         if self.runner is not None:
