@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fastmcp.server.auth import AccessToken
 
@@ -55,7 +56,7 @@ class Search:
     """A search: the tool's (audited) or the memory page's; ``query`` as search_query made it."""
 
     query: str
-    erased = Recalled(NO_MEMORY)  # the answer when an erase overlapped the call
+    erased: ClassVar[Recalled] = Recalled(NO_MEMORY)  # the answer when an erase overlapped it
 
     def audit_line(self, client: str | None, answer: Recalled) -> AuditLine:
         return audit.entry(client, self.query, answer)
@@ -68,7 +69,7 @@ class Read:
     ref: str
     from_turn: int
     to_turn: int | None
-    erased = Recalled(reading.NOT_FOUND)
+    erased: ClassVar[Recalled] = Recalled(reading.NOT_FOUND)
 
     def audit_line(self, client: str | None, answer: Recalled) -> AuditLine:
         return reading.entry(client, self.ref, self.from_turn, self.to_turn, answer)
