@@ -19,7 +19,7 @@ from typing import Any
 
 from recall.domain import audit
 from recall.domain.answers import OUTCOMES, Passage, Recalled
-from recall.domain.conversation import REF, REF_CHARS, conversation_ref, is_recalled
+from recall.domain.conversation import REF, REF_CHARS, conversation_named, is_recalled
 from recall.store import Store, Turn
 
 READ_TOOL = "read_my_conversation"
@@ -46,11 +46,11 @@ async def find(store: Store, user: str, ref: str) -> tuple[str, list[Turn]] | No
     cache: a forget, on any replica, is honoured at once); None when there is none."""
     if not REF.fullmatch(ref):
         return None
-    for conversation_id in await store.conversation_ids(user):
-        if conversation_ref(user, conversation_id) == ref:
-            turns = await store.turns(user, conversation_id)
-            return None if turns is None else (conversation_id, turns)
-    return None
+    conversation_id = conversation_named(user, ref, await store.conversation_ids(user))
+    if conversation_id is None:
+        return None
+    turns = await store.turns(user, conversation_id)
+    return None if turns is None else (conversation_id, turns)
 
 
 def turn_text(turn: Turn) -> str:

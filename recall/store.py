@@ -8,6 +8,10 @@ implements both halves below; the server knows only these methods.
 - **Store**, the truth: conversations, tombstones, receipts, the audit, the index queue.
 - **Search**, the engine: is there something to search, and recall.
 
+A tool call reads once and checks once: `search` (or `locate`) reads the memory state and the
+answer together with a mark, then `settle` checks that nothing was erased (or, for a search,
+forgotten) since that mark and appends the call's audit line: on PostgreSQL two transactions.
+
 Every method may raise StoreUnavailable (recall/domain/errors.py) when the store cannot be reached
 (the database is down): the write routes answer 503 with Retry-After, the tool fails soft,
 nothing is acknowledged. What is stored and the rules both stores apply are recall/domain/'s.
@@ -16,6 +20,7 @@ nothing is acknowledged. What is stored and the rules both stores apply are reca
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from recall.domain.answers import Recalled
@@ -23,8 +28,32 @@ from recall.domain.conversation import Conversation, Turn
 
 Receipt = dict[str, Any]
 AuditLine = dict[str, Any]
-Mark = Any  # what `mark` returns and `erased_since` compares: opaque to the server
+Mark = Any  # what a search or a read was read under, for `settle`: opaque to the server
 MemoryState = Literal["none", "pending", "unindexed", "behind", "ready"]
+SEARCHABLE: tuple[MemoryState, ...] = ("behind", "ready")  # the states a search recalls in
+# What `settle` found since a mark: nothing that matters ("kept"; "unaudited" when the audit line
+# could not be written), an erase, or a forget (a search's mark only: the search runs again).
+Settled = Literal["kept", "unaudited", "erased", "forgotten"]
+
+
+@dataclass(frozen=True)
+class Searched:
+    """A search read in one go: the user's memory state, the engine's answer (``Recalled("")``
+    unless the state is searchable and the query is not empty), and the mark both were read
+    under."""
+
+    state: MemoryState
+    found: Recalled
+    mark: Mark
+
+
+@dataclass(frozen=True)
+class Located:
+    """A read tool's lookup: the conversation a ref names, with its stored turns (None when the
+    user has none by that ref), and the mark it was read under."""
+
+    found: tuple[str, list[Turn]] | None
+    mark: Mark
 
 
 class Store(Protocol):
@@ -111,7 +140,30 @@ class Store(Protocol):
         audit lines as old; how many conversations went."""
         ...
 
-    # --- the audit, and recalls that overlap an erasure ------------------------------------
+    # --- a tool call: one read, then one check (and the audit line) -------------------------
+
+    async def search(self, user: str, query: str) -> Searched:
+        """The memory state and, when it is searchable and ``query`` is not empty, the engine's
+        answer, read together (on PostgreSQL in one snapshot), with the mark they were read
+        under. EngineError when the index cannot be searched; safe to cancel."""
+        ...
+
+    async def locate(self, user: str, ref: str) -> Located:
+        """The conversation with reference ``ref`` (recall/reading.py) and its turns, read now
+        (no cache: a forget on any replica is honoured at once), with the mark."""
+        ...
+
+    async def settle(self, user: str, mark: Mark, line: AuditLine | None) -> Settled:
+        """One check after a search or a lookup, and for a tool call (``line``) its audit line,
+        appended only when the check found nothing (and the user has data): "erased" when an
+        erase came since ``mark``; "forgotten" when a forget came since a search's mark (its
+        answer may hold what went: the caller searches again). ``mark`` None (the read failed
+        and told none): no check. A search's passages go out only after a "kept" or
+        "unaudited"; then none of a conversation forgotten, on any replica, before the call
+        returned."""
+        ...
+
+    # --- the steps one at a time (tools and tests; the server calls the three above) ---------
 
     async def mark(self, user: str) -> Mark:
         """Taken before a recall; `erased_since` tells whether an erasure came since."""

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from recall.app import context
-from recall.app.answers import Answers
+from recall.app.answers import MAX_TRIES, Answers, Search
 from recall.app.ingest import Ingest
 from recall.app.operations import Operations
 from recall.app.tools import Tools
@@ -31,6 +31,7 @@ from recall.domain.conversation import Conversation, user_dir_name
 from recall.domain.errors import EngineError, Forgotten, StoreUnavailable
 from recall.metrics import Metrics
 from recall.settings import Settings
+from recall.store import Searched
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 80
@@ -52,6 +53,7 @@ class FakeStore:
         self.repaired: list[str] = []
         self.memory_state = "ready"
         self.erased = False
+        self.forgets = 0  # the next settles that find a forget since the search's read
 
     async def _call(self, method: str, *args: Any) -> None:
         self.calls.append((method, args))
@@ -69,26 +71,25 @@ class FakeStore:
         await self._call("receipts", user)
         return []
 
-    async def mark(self, user: str) -> int:
-        await self._call("mark", user)
-        return 1
-
-    async def state(self, user: str) -> str:
-        await self._call("state", user)
-        return self.memory_state
-
-    async def recall(self, user: str, query: str) -> Recalled:
-        await self._call("recall", user, query)
+    async def search(self, user: str, query: str) -> Searched:
+        await self._call("search", user, query)
         passage = Passage("c1", "t1", "2026-10-08T09:00:00Z", "assistant", 0, 16)
-        return Recalled("MT-4471 is open.", (passage,))
+        found = Recalled("MT-4471 is open.", (passage,))
+        return Searched(self.memory_state, found, 1)  # type: ignore[arg-type]
 
-    async def erased_since(self, user: str, mark: int) -> bool:
-        await self._call("erased_since", user, mark)
-        return self.erased
-
-    async def append_audit(self, user: str, line: dict[str, Any], mark: int) -> None:
-        await self._call("append_audit", user)
+    async def settle(self, user: str, mark: int | None, line: dict[str, Any] | None) -> str:
+        await self._call("settle", user, mark)
+        if self.erased:
+            return "erased"
+        if self.forgets:
+            self.forgets -= 1
+            return "forgotten"
+        if line is None:
+            return "kept"
+        if "audit" in self.failures:
+            return "unaudited"
         self.audited.append((user, line))
+        return "kept"
 
     def repair(self, user: str) -> None:
         self.repaired.append(user)
@@ -174,36 +175,27 @@ def token(user: str = "alice") -> AccessToken:
 
 
 async def tool_search(answers: Answers, query: str = "MT-4471") -> str:
-    return await answers.for_caller(
-        token(),
-        lambda user, mark: answers.search(user, query, mark),
-        lambda client, answer: {"client": client, "answer": answer.text},
-    )
+    return await answers.for_caller(token(), Search(query))
 
 
-async def test_a_tool_call_runs_mark_state_recall_erased_audit_in_order() -> None:
+async def test_a_tool_call_reads_once_then_settles_once_with_its_audit_line() -> None:
     store = FakeStore()
     text = await tool_search(answers_over(store))
     assert text == "MT-4471 is open."
-    assert [method for method, _ in store.calls] == [
-        "mark",
-        "state",
-        "recall",
-        "erased_since",
-        "append_audit",
-    ]
-    assert store.audited == [(ALICE, {"client": "gateway", "answer": text})]
+    assert [method for method, _ in store.calls] == ["search", "settle"]
+    assert store.calls[1] == ("settle", (ALICE, 1))  # checked against the search's own mark
+    line = store.audited[0][1]
+    assert store.audited == [(ALICE, line)] and line["client"] == "gateway"
+    assert line["query"] == "MT-4471" and line["outcome"] == "passages"
 
 
 @pytest.mark.parametrize(
     ("method", "failure"),
     [
-        ("mark", StoreUnavailable("down")),
-        ("state", StoreUnavailable("down")),
-        ("recall", StoreUnavailable("down")),
-        ("recall", EngineError("index unreadable")),
-        ("recall", OSError("disk")),
-        ("erased_since", StoreUnavailable("down")),
+        ("search", StoreUnavailable("down")),
+        ("search", EngineError("index unreadable")),
+        ("search", OSError("disk")),
+        ("settle", StoreUnavailable("down")),
     ],
 )
 async def test_every_failure_of_the_store_or_engine_answers_unavailable(
@@ -216,16 +208,41 @@ async def test_every_failure_of_the_store_or_engine_answers_unavailable(
     assert store.repaired == ([ALICE] if isinstance(failure, EngineError) else [])
 
 
+async def test_a_failed_search_is_audited_as_unavailable_with_no_mark_to_check() -> None:
+    store = FakeStore()
+    store.failures["search"] = EngineError("index unreadable")
+    assert await tool_search(answers_over(store)) == UNAVAILABLE
+    assert store.calls[-1] == ("settle", (ALICE, None))
+    assert [line["outcome"] for _, line in store.audited] == ["unavailable"]
+
+
 async def test_an_audit_that_cannot_be_written_lets_the_answer_out() -> None:
     store = FakeStore()
-    store.failures["append_audit"] = StoreUnavailable("down")
+    store.failures["audit"] = OSError("disk")
     assert await tool_search(answers_over(store)) == "MT-4471 is open."
+    assert store.audited == []
 
 
 async def test_a_call_that_overlapped_an_erase_says_no_memory() -> None:
     store = FakeStore()
     store.erased = True
     assert await tool_search(answers_over(store)) == NO_MEMORY
+
+
+async def test_a_forget_since_the_read_searches_again_and_audits_the_last_answer_only() -> None:
+    store = FakeStore()
+    store.forgets = 2
+    assert await tool_search(answers_over(store)) == "MT-4471 is open."
+    assert [method for method, _ in store.calls] == ["search", "settle"] * 3
+    assert len(store.audited) == 1
+
+
+async def test_a_search_that_meets_a_forget_on_every_try_answers_unavailable() -> None:
+    store = FakeStore()
+    store.forgets = MAX_TRIES
+    assert await tool_search(answers_over(store)) == UNAVAILABLE
+    assert [method for method, _ in store.calls] == ["search", "settle"] * MAX_TRIES
+    assert store.audited == []
 
 
 async def test_a_first_index_not_done_says_not_yet_and_sees_the_run_due() -> None:
@@ -237,7 +254,7 @@ async def test_a_first_index_not_done_says_not_yet_and_sees_the_run_due() -> Non
 
 async def test_a_recall_that_times_out_answers_unavailable_and_counts_a_timeout() -> None:
     store, metrics = FakeStore(), Metrics()
-    store.slow.add("recall")
+    store.slow.add("search")
     assert await tool_search(answers_over(store, metrics)) == UNAVAILABLE
     sample = metrics.registry.get_sample_value
     assert sample("recall_server_recalls_total", {"outcome": "timeout"}) == 1
@@ -247,7 +264,7 @@ async def test_a_token_without_the_user_claim_answers_unavailable_and_touches_no
     store = FakeStore()
     answers = answers_over(store)
     nobody = AccessToken(token="t", client_id="gateway", scopes=[], claims={})
-    text = await answers.for_caller(nobody, answers.search, lambda *_: {})  # type: ignore[arg-type]
+    text = await answers.for_caller(nobody, Search("MT-4471"))
     assert text == UNAVAILABLE and store.calls == []
 
 
@@ -255,7 +272,7 @@ async def test_the_page_search_is_the_tools_search_without_the_audit() -> None:
     store = FakeStore()
     found = await answers_over(store).page_search(ALICE, "MT-4471")
     assert found.text == "MT-4471 is open."
-    assert "append_audit" not in [method for method, _ in store.calls]
+    assert store.calls[-1] == ("settle", (ALICE, 1)) and store.audited == []
 
 
 async def test_the_tools_register_on_a_bare_server_and_answer_soft_without_a_token() -> None:

@@ -851,6 +851,42 @@ async def test_a_forget_committed_during_a_recall_never_returns_the_forgotten_pa
     await search.close()
 
 
+async def test_a_forget_or_erase_between_a_search_and_its_settle_is_told_and_not_audited(
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+) -> None:
+    # Given two conversations, one holding a secret word, searched in one snapshot
+    alice = user_dir_name("alice")
+    await post(
+        store,
+        [
+            body("alice", "secret", "2025-05-01T09:00:00Z", [("user", f"The code is {SECRET}.")]),
+            body("alice", "kept", "2025-05-02T09:00:00Z", [("user", "The plan is ready.")]),
+        ],
+    )
+    await index_once(db, embedder, superuser, "alice")
+    tool = PgStore(db, 0.1, None, PgSearch(db, embedder, min_similarity=0.0))
+    first = await tool.search(alice, f"the code {SECRET}")
+    assert first.state == "ready" and SECRET in first.found.text
+
+    # When the conversation is forgotten (and committed) before the search's settle
+    await store.forget(alice, "secret", "user")
+
+    # Then the settle tells the forget and writes no audit line; a new search holds none of it
+    assert await tool.settle(alice, first.mark, {"at": "2025-05-03T09:00:00Z"}) == "forgotten"
+    again = await tool.search(alice, f"the code {SECRET}")
+    assert SECRET not in again.found.text and "The plan is ready." in again.found.text
+    assert await tool.settle(alice, again.mark, {"at": "2025-05-03T09:00:01Z"}) == "kept"
+    assert len(await store.audit(alice)) == 1
+
+    # When alice is erased before the next search's settle: "erased", and no line in what is left
+    third = await tool.search(alice, "plan")
+    await store.erase(alice)
+    assert await tool.settle(alice, third.mark, {"at": "2025-05-03T09:00:02Z"}) == "erased"
+    assert await tool.settle(alice, third.mark, None) == "erased"
+    assert await store.audit(alice) == []
+    await tool._searcher().close()  # the database is the fixture's to close
+
+
 async def test_another_users_rows_are_never_found_nor_counted(
     embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:

@@ -1,24 +1,27 @@
 """What the tools and the memory page's search answer, and how each answer fails soft.
 
-One sequence for every call: the store's mark (so that an erase during the call can be told),
-the user's memory state, the bounded and timed recall or read, the check that no erase came
-since the mark, and for a tool call the line in the user's own audit. Whatever goes wrong (the
-store down, the engine failing, the timeout), the agent gets one of the fixed soft answers
-(recall/engines/base.py) and the conversation goes on; the cause goes to the log only, the
-outcome to /metrics.
+One sequence for every call (Answers.answer): one read from the store, bounded and timed (the
+search's memory state and answer, or the read tool's conversation, with the mark they were read
+under), then one settle: the check that no erase (for a search, no forget) came since that mark,
+and for a tool call the line in the user's own audit. On PostgreSQL that is two transactions. A
+forget in between runs the search again. Whatever goes wrong (the store down, the engine
+failing, the timeout), the agent gets one of the fixed soft answers (recall/domain/answers.py)
+and the conversation goes on; the cause goes to the log only, the outcome to /metrics.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 from fastmcp.server.auth import AccessToken
 
 from recall import reading
 from recall.auth import client_of, user_from_token
 from recall.concurrency import BoundedRuns
+from recall.domain import audit
 from recall.domain.answers import (
     NO_MEMORY,
     NOT_YET,
@@ -31,14 +34,14 @@ from recall.domain.conversation import LONE_SURROGATE, user_dir_name
 from recall.domain.errors import EngineError, StoreUnavailable
 from recall.logs import user_fields
 from recall.metrics import Metrics, recall_timed_out
-from recall.store import AuditLine, Mark, Store
+from recall.store import AuditLine, Located, Mark, Searched, Store
 
 log = logging.getLogger("recall")
 
 MAX_QUERY_CHARS = 500  # a query is a few words; the cap bounds what one call can make us scan
-
-Answer = Callable[[str, Mark], Awaitable[Recalled]]  # a call's work, for a user since a mark
-AuditEntry = Callable[[str | None, Recalled], AuditLine]  # its audit line: client, answer
+# A search runs again when a forget committed while it read; past this many tries in a row (a
+# user forgetting without pause) it answers unavailable.
+MAX_TRIES = 5
 
 
 def search_query(query: str) -> str:
@@ -46,6 +49,33 @@ def search_query(query: str) -> str:
     (a lone UTF-16 surrogate, which the page's JSON may carry) made U+FFFD, at most
     MAX_QUERY_CHARS."""
     return LONE_SURROGATE.sub("\ufffd", query.strip())[:MAX_QUERY_CHARS]
+
+
+@dataclass(frozen=True)
+class Search:
+    """A search: the tool's (audited) or the memory page's; ``query`` as search_query made it."""
+
+    query: str
+    erased: ClassVar[Recalled] = Recalled(NO_MEMORY)  # the answer when an erase overlapped it
+
+    def audit_line(self, client: str | None, answer: Recalled) -> AuditLine:
+        return audit.entry(client, self.query, answer)
+
+
+@dataclass(frozen=True)
+class Read:
+    """A call of the read tool, its turns checked (reading.checked_turns)."""
+
+    ref: str
+    from_turn: int
+    to_turn: int | None
+    erased: ClassVar[Recalled] = Recalled(reading.NOT_FOUND)
+
+    def audit_line(self, client: str | None, answer: Recalled) -> AuditLine:
+        return reading.entry(client, self.ref, self.from_turn, self.to_turn, answer)
+
+
+Call = Search | Read
 
 
 def describe(exc: Exception) -> str:
@@ -72,11 +102,9 @@ class Answers:
         self.max_result_chars = max_result_chars
         self.user_claim = user_claim  # JWT_USER_CLAIM: where a token names its user
         # Counted and timed by outcome in /metrics: the tool's search and the page's alike.
-        self.search: Callable[[str, str, Mark], Awaitable[Recalled]] = metrics.recall(self._search)
+        self._measured_search = metrics.recall(self.answer)
 
-    async def for_caller(
-        self, token: AccessToken | None, answer: Answer, audit_line: AuditEntry
-    ) -> str:
+    async def for_caller(self, token: AccessToken | None, call: Call) -> str:
         """A tool call for the user the verified token names (never an argument): its answer,
         recorded in that user's own audit."""
         user = user_from_token(token, self.user_claim)
@@ -84,55 +112,59 @@ class Answers:
             log.warning("tool call refused: token has no %s claim", self.user_claim)
             return UNAVAILABLE
         user_hash = user_dir_name(user)  # from the verified token, never from an argument
-        try:
-            mark = await self.store.mark(user_hash)
-        except StoreUnavailable:
-            return UNAVAILABLE
-        found = await answer(user_hash, mark)
-        # The user's own audit: who looked up what, which passages; none when an erase overlapped.
-        line = audit_line(client_of(token, user), found)
-        try:
-            await self.store.append_audit(user_hash, line, mark)
-        except (OSError, StoreUnavailable) as exc:  # fail soft: the answer still goes out
-            log.warning("audit for user %s not written: %s", user_hash, type(exc).__name__)
-        return found.text
+        client = client_of(token, user)
+        if isinstance(call, Search):
+            return (await self._measured_search(user_hash, call, True, client)).text
+        return (await self.answer(user_hash, call, True, client)).text
 
     async def page_search(self, user: str, query: str) -> Recalled:
         """The memory page's search: the tool's own (bounds, fail-soft), not audited."""
-        try:
-            mark = await self.store.mark(user)
-        except StoreUnavailable:
-            return Recalled(UNAVAILABLE)
-        return await self.search(user, query, mark)
+        return await self._measured_search(user, Search(query), False, None)
 
-    async def read(
-        self, user: str, ref: str, from_turn: int, to_turn: int | None, mark: Mark
-    ) -> Recalled:
-        """The read tool's answer, in the search's slots, timeout and fail-soft answers."""
-        try:
-            found = await self.recalls.run(lambda: reading.find(self.store, user, ref))
-        except Exception as exc:
-            return self.failed_soft(user, "read", exc)
-        answer = (
-            Recalled(reading.NOT_FOUND)
-            if found is None
-            else reading.Reading(ref, *found, from_turn, to_turn).render(self.max_result_chars)
+    async def answer(self, user: str, call: Call, audited: bool, client: str | None) -> Recalled:
+        """The one sequence: read once, then settle once (the check since the read's mark, and
+        the audit line when ``audited``); an erase since -> the call's erased answer; a forget
+        since a search's read -> read again, up to MAX_TRIES."""
+        for _ in range(MAX_TRIES):
+            found, mark = await self._read(user, call)
+            line = call.audit_line(client, found) if audited else None
+            try:
+                settled = await self.store.settle(user, mark, line)
+            except (OSError, StoreUnavailable):  # not checked: nothing read may go out
+                return Recalled(UNAVAILABLE)
+            if settled == "unaudited":  # fail soft: the answer still goes out
+                log.warning("audit for user %s not written", user, extra=user_fields(user))
+            if settled == "erased":
+                return call.erased
+            if settled != "forgotten":
+                return found
+        log.warning(
+            "recall for user %s overlapped a forget on every try", user, extra=user_fields(user)
         )
-        return await self.unless_erased(user, mark, answer, Recalled(reading.NOT_FOUND))
+        return Recalled(UNAVAILABLE)
 
-    async def _search(self, user: str, query: str, mark: Mark) -> Recalled:
-        found = await self.search_memory(user, query)
-        return await self.unless_erased(user, mark, found, Recalled(NO_MEMORY))
-
-    async def unless_erased(
-        self, user: str, mark: Mark, found: Recalled, erased: Recalled
-    ) -> Recalled:
-        """``found``, or ``erased`` when an erase came since ``mark``: a call that overlapped
-        an erase may have read what it erased, and none of it goes out."""
+    async def _read(self, user: str, call: Call) -> tuple[Recalled, Mark]:
+        """The call's one read from the store, in the recall slots: its answer, and the mark it
+        was read under (None when it failed: its fail-soft answer holds nothing read)."""
+        started = time.monotonic()
         try:
-            return erased if await self.store.erased_since(user, mark) else found
-        except StoreUnavailable:
-            return Recalled(UNAVAILABLE)
+            if isinstance(call, Search):
+                searched = await self.recalls.run(lambda: self.store.search(user, call.query))
+                return self.searched(user, call.query, searched, started), searched.mark
+            located = await self.recalls.run(lambda: self.store.locate(user, call.ref))
+            return self.located(call, located), located.mark
+        except Exception as exc:  # fail soft
+            return self.failed_soft(
+                user, "recall" if isinstance(call, Search) else "read", exc
+            ), None
+
+    def located(self, call: Read, located: Located) -> Recalled:
+        """The read tool's answer: the turns asked for, or that no conversation has the ref."""
+        if located.found is None:
+            return Recalled(reading.NOT_FOUND)
+        conversation_id, turns = located.found
+        shown = reading.Reading(call.ref, conversation_id, turns, call.from_turn, call.to_turn)
+        return shown.render(self.max_result_chars)
 
     def failed_soft(self, user: str, what: str, exc: Exception) -> Recalled:
         """What a tool answers when its work failed: the cause to the log, never to the agent;
@@ -144,33 +176,27 @@ class Answers:
             self.store.repair(user)  # an unreadable index is rebuilt, not waited on
         return Recalled(UNAVAILABLE)
 
-    async def search_memory(self, user: str, query: str) -> Recalled:
+    def searched(self, user: str, query: str, searched: Searched, started: float) -> Recalled:
         """The search's answer by the user's memory state: passages, or the soft answer that
         says why there are none."""
-        started = time.monotonic()
-        try:
-            state = await self.store.state(user)
-            if state == "none":
-                return Recalled(NO_MEMORY)
-            if state == "pending":  # the first index run is not done: no loss, say it as it is
-                self.store.repair(user)  # see that the run is due: the user is waiting for it
-                return Recalled(NOT_YET)
-            if state == "unindexed":
-                # Conversations stored, and the index built for them lost (deleted, corrupt).
-                log.warning(
-                    "recall for user %s: no readable index; rebuilding",
-                    user,
-                    extra=user_fields(user),
-                )
-                self.store.repair(user)
-                return Recalled(UNAVAILABLE)
-            if not query:
-                return Recalled(NOTHING_FOUND)
-            found = await self.recalls.run(lambda: self.store.recall(user, query))
-        except Exception as exc:  # fail soft
-            return self.failed_soft(user, "recall", exc)
+        state = searched.state
+        if state == "none":
+            return Recalled(NO_MEMORY)
+        if state == "pending":  # the first index run is not done: no loss, say it as it is
+            self.store.repair(user)  # see that the run is due: the user is waiting for it
+            return Recalled(NOT_YET)
+        if state == "unindexed":
+            # Conversations stored, and the index built for them lost (deleted, corrupt).
+            log.warning(
+                "recall for user %s: no readable index; rebuilding", user, extra=user_fields(user)
+            )
+            self.store.repair(user)
+            return Recalled(UNAVAILABLE)
+        if not query:
+            return Recalled(NOTHING_FOUND)
         seconds = time.monotonic() - started
         log.info("recall for user %s in %.3fs", user, seconds, extra=user_fields(user, seconds))
+        found = searched.found
         if state == "behind":  # what the due run has not read yet is no "nothing" as a fact
             found = still_indexing(found)
         found = found.cut(self.max_result_chars)

@@ -12,9 +12,7 @@ from fastmcp.server.dependencies import get_access_token
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from recall import reading
-from recall.app.answers import MAX_QUERY_CHARS, Answers, search_query
-from recall.domain import audit
+from recall.app.answers import MAX_QUERY_CHARS, Answers, Read, Search, search_query
 from recall.reading import checked_turns
 
 TOOL_DESCRIPTION = """\
@@ -84,12 +82,7 @@ class Tools:
         self,
         query: Annotated[str, Field(description=QUERY_DESCRIPTION)],
     ) -> str:
-        query = search_query(query)
-        return await self.answers.for_caller(
-            get_access_token(),
-            lambda user, mark: self.answers.search(user, query, mark),
-            lambda client, answer: audit.entry(client, query, answer),
-        )
+        return await self.answers.for_caller(get_access_token(), Search(search_query(query)))
 
     async def read_my_conversation(
         self,
@@ -102,12 +95,8 @@ class Tools:
         except ValueError as exc:  # the argument named first; nothing read, nothing audited
             # The agent's mistake, not the server's: INFO, not FastMCP's default ERROR.
             raise ToolError(str(exc), log_level=logging.INFO) from exc
-        ref = ref.strip()
-        return await self.answers.for_caller(
-            get_access_token(),
-            lambda user, mark: self.answers.read(user, ref, from_turn, to_turn, mark),
-            lambda client, answer: reading.entry(client, ref, from_turn, to_turn, answer),
-        )
+        call = Read(ref.strip(), from_turn, to_turn)
+        return await self.answers.for_caller(get_access_token(), call)
 
     def register(self, mcp: FastMCP) -> None:
         # Each answer goes out once, as text (output_schema=None). With an output schema FastMCP

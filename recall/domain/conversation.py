@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 from collections import Counter
+from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -82,6 +83,14 @@ def conversation_ref(user: str, conversation_id: str) -> str:
     user's hash; recall/reading.py): derived, never stored, so the same after a restart and on
     every replica; it names neither the gateway's id nor a path."""
     return hashlib.sha256(f"{user}/{conversation_id}".encode()).hexdigest()[:REF_CHARS]
+
+
+def conversation_named(user: str, ref: str, conversation_ids: Iterable[str]) -> str | None:
+    """The conversation of ``conversation_ids`` (the user's own) that ``ref`` names; None when
+    none does, or ``ref`` is no reference at all."""
+    if not REF.fullmatch(ref):
+        return None
+    return next((c for c in conversation_ids if conversation_ref(user, c) == ref), None)
 
 
 def place(user: str, conversation_id: str, seq: int) -> str:

@@ -19,7 +19,12 @@ from pathlib import Path
 
 from recall.concurrency import run_in
 from recall.domain.answers import Recalled
-from recall.domain.conversation import CONVERSATION_ID, SOURCE_SUFFIX, Conversation
+from recall.domain.conversation import (
+    CONVERSATION_ID,
+    SOURCE_SUFFIX,
+    Conversation,
+    conversation_named,
+)
 from recall.engines.base import Engine
 from recall.files import audit_file
 from recall.files.layout import (
@@ -34,7 +39,17 @@ from recall.files.scheduler import IndexScheduler, index_and_mark, index_stale, 
 from recall.logs import user_fields
 from recall.metrics import data_dir_writable
 from recall.settings import ConfigError
-from recall.store import AuditLine, Mark, MemoryState, Receipt, Turn
+from recall.store import (
+    SEARCHABLE,
+    AuditLine,
+    Located,
+    Mark,
+    MemoryState,
+    Receipt,
+    Searched,
+    Settled,
+    Turn,
+)
 
 log = logging.getLogger("recall")
 
@@ -210,12 +225,29 @@ class FilesStore:
         return self.lifecycle.erased_since(self.home(user), mark)
 
     async def append_audit(self, user: str, line: AuditLine, mark: Mark) -> None:
+        if await self.settle(user, mark, line) == "unaudited":
+            raise OSError("audit line not written")
+
+    async def settle(self, user: str, mark: Mark, line: AuditLine | None) -> Settled:
+        """The erasures since ``mark`` (the engines keep a recall clear of forgets themselves:
+        never "forgotten"), and the line, under the user's gate, which an erase holds alone: a
+        call that overlapped an erase leaves no line in what is left."""
         home = self.home(user)
-        # Under the user's gate, which an erase holds alone: a call that overlapped an erase
-        # leaves no line in what is left.
+        if line is None:
+            return "erased" if self._erased(home, mark) else "kept"
         async with self.gates.post(home):
-            if home.is_dir() and not self.lifecycle.erased_since(home, mark):
+            if self._erased(home, mark):
+                return "erased"
+            if not home.is_dir():
+                return "kept"  # no data of the user: no audit to keep
+            try:
                 await run_in(self.writes, audit_file.append, home, line)
+            except OSError:
+                return "unaudited"
+        return "kept"
+
+    def _erased(self, home: Path, mark: Mark) -> bool:
+        return mark is not None and self.lifecycle.erased_since(home, mark)
 
     async def audit(self, user: str, since: str | None = None) -> list[AuditLine]:
         return await run_in(self.writes, audit_file.read, self.home(user), since)
@@ -236,6 +268,20 @@ class FilesStore:
 
     async def recall(self, user: str, query: str) -> Recalled:
         return await self.engine.recall(self.home(user), query)
+
+    async def search(self, user: str, query: str) -> Searched:
+        mark = time.monotonic()  # first: an erase from here on is settle's to tell
+        state = await self.state(user)
+        if state not in SEARCHABLE or not query.strip():
+            return Searched(state, Recalled(""), mark)
+        return Searched(state, await self.recall(user, query), mark)
+
+    async def locate(self, user: str, ref: str) -> Located:
+        mark = time.monotonic()
+        conversation_id = conversation_named(user, ref, await self.conversation_ids(user))
+        turns = None if conversation_id is None else await self.turns(user, conversation_id)
+        found = None if conversation_id is None or turns is None else (conversation_id, turns)
+        return Located(found, mark)
 
     def repair(self, user: str) -> None:
         self.scheduler.ensure(self.home(user))  # an unreadable index is rebuilt, not waited on

@@ -3,14 +3,15 @@ user's rows (source.py), then render, as the embedded engine answers.
 
     query -> Query -> its vector and its terms' FTS5 stems (a thread)
       -> one REPEATABLE READ READ ONLY transaction:
-           users (forgets, BM25 totals, built_by, generation)
+           users (the memory state, erasures, forgets, BM25 totals, built_by, generation)
            -> pipeline.rank over PgSource: the user's matrix (cached when of this generation,
               else read in this snapshot), the dense leg (exact cosine with every row), the
               BM25 pool from the postings by FTS5's own formula (ranking/bm25.py), lexical,
               nothing relevant?, order_pool, fuse, top_hits, the neighbours
-      -> users.forgets read again: changed -> run again (a forget deletes its chunks in its
-         own transaction, so a fresh snapshot holds none of them)
       -> render
+      -> users.forgets read again (a tool call: in PgStore.settle's transaction, with the audit
+         line): changed -> run again (a forget deletes its chunks in its own transaction, so a
+         fresh snapshot holds none of them)
 
 The one thing kept between calls is each user's matrix, and only for the generation it was
 read at (vectors.py): a forget on any replica is honoured at once.
@@ -19,6 +20,7 @@ read at (vectors.py): a forget on any replica is honoured at once.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
@@ -36,11 +38,52 @@ from recall.ranking.render import render
 from recall.ranking.search import MIN_SIMILARITY, Notes
 from recall.ranking.text import Query
 from recall.ranking.vectors import VectorCache, VectorLoads, Vectors
-from recall.store import MemoryState
+from recall.store import SEARCHABLE, MemoryState, Searched
 
 # A recall re-runs when a forget committed while it read; past this many tries in a row it
 # gives up (a user forgetting without pause): RecallRaced, which the server answers softly.
 MAX_TRIES = 5
+
+
+# The user's row and what the state needs, in one statement (a user with no row: NULLs).
+USER_ROW = (
+    "SELECT EXISTS (SELECT 1 FROM conversations WHERE user_hash = %(user)s),"
+    " EXISTS (SELECT 1 FROM indexed WHERE user_hash = %(user)s),"
+    " u.erasures, u.forgets, u.built_by, u.passages, u.tokens, u.generation,"
+    # an index run due or going, as recall_indexing() counts them
+    " coalesce(u.due_at IS NOT NULL OR u.lease_until > now(), false)"
+    " FROM (SELECT) AS one LEFT JOIN users u ON u.user_hash = %(user)s"
+)
+
+
+class UserRow(NamedTuple):
+    stored: bool  # a conversation is stored
+    indexed: bool  # an indexed row is there
+    erasures: int | None  # None: the user has no row
+    forgets: int | None
+    built_by: str | None
+    passages: int | None
+    tokens: int | None
+    generation: Any
+    due: bool  # an index run due or going
+
+
+class Seen(NamedTuple):
+    """A mark (recall.store.Mark): the user's erasures and forgets as a read saw them; forgets
+    None for a lookup's mark (the read tool's answer does not change with a forget)."""
+
+    erasures: int
+    forgets: int | None
+
+
+def memory_state(row: UserRow, wanted: str) -> MemoryState:
+    """recall.store.Store.state from the user's row."""
+    if row.indexed and row.built_by == wanted:
+        return "behind" if row.due else "ready"
+    if not row.stored:
+        return "none"
+    # No indexed row yet: the first run is on its way. Rows by another model: a rebuild.
+    return "unindexed" if row.indexed else "pending"
 
 
 class RecallRaced(Exception):
@@ -81,34 +124,29 @@ class PgSearch:
 
     async def state(self, user_hash: str) -> MemoryState:
         async with self.db.user(user_hash, read_only=True) as conn:
-            cur = await conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM conversations WHERE user_hash = %s),"
-                " EXISTS (SELECT 1 FROM indexed WHERE user_hash = %s),"
-                " EXISTS (SELECT 1 FROM users WHERE user_hash = %s AND built_by = %s),"
-                # an index run due or going, as recall_indexing() counts them
-                " EXISTS (SELECT 1 FROM users WHERE user_hash = %s"
-                " AND (due_at IS NOT NULL OR lease_until > now()))",
-                (user_hash, user_hash, user_hash, self.wanted, user_hash),
-            )
-            stored, indexed, current, due = await cur.fetchone() or (False,) * 4
-        if indexed and current:
-            return "behind" if due else "ready"
-        if not stored:
-            return "none"
-        # No indexed row yet: the first run is on its way. Rows by another model: a rebuild.
-        return "unindexed" if indexed else "pending"
+            return memory_state(await self._user_row(conn, user_hash), self.wanted)
+
+    async def search(self, user_hash: str, text: str) -> Searched:
+        """The memory state, the answer for ``text`` when the state is searchable (else
+        ``Recalled("")``), and the counters they were read under (a Seen, for PgStore.settle),
+        all in one snapshot. Whether a forget committed since is settle's to tell."""
+        query = Query.parse(text) if text.strip() else None
+        analysed = await run_in(self._pool, self._analyse, query) if query else None
+        state, seen, found = await self._snapshot(user_hash, query, analysed, always=False)
+        return Searched(state, found, seen)
 
     async def recall(self, user_hash: str, text: str) -> Recalled:
-        """The answer for ``text`` ("" when nothing matches); EngineError when the user's index
-        cannot be searched (built by another model, or its rows do not fit the query)."""
+        """The answer for ``text`` ("" when nothing matches) whatever the state; EngineError
+        when the user's index cannot be searched (built by another model, or its rows do not
+        fit the query). On its own (tools, tests): the forgets are read again after each try."""
         if not text.strip():
             return Recalled("")
         query = Query.parse(text)  # once: the search and the rendering read the same analysis
-        qvec, stems = await run_in(self._pool, self._analyse, query)
+        analysed = await run_in(self._pool, self._analyse, query)
         for _ in range(MAX_TRIES):
-            forgets, found, said = await self._search(user_hash, query, qvec, stems)
-            if await self._forgets(user_hash) == forgets:
-                return render(found, query, self.max_chars, user_hash, said)
+            _, seen, found = await self._snapshot(user_hash, query, analysed, always=True)
+            if await self._forgets(user_hash) == seen.forgets:
+                return found
         raise RecallRaced("recall overlapped a forget on every try")
 
     def _analyse(self, query: Query) -> tuple[np.ndarray, list[list[list[str]]]]:
@@ -117,47 +155,65 @@ class PgSearch:
     async def close(self) -> None:
         self._pool.shutdown(wait=True)
 
-    async def _forgets(self, user_hash: str) -> int | None:
+    async def _forgets(self, user_hash: str) -> int:
         async with self.db.user(user_hash, read_only=True) as conn:
             cur = await conn.execute("SELECT forgets FROM users WHERE user_hash = %s", (user_hash,))
             row = await cur.fetchone()
-        return None if row is None else int(row[0])
+        return 0 if row is None else int(row[0])
 
-    async def _search(
-        self, user_hash: str, query: Query, qvec: np.ndarray, stems: list[list[list[str]]]
-    ) -> tuple[int | None, Found, Notes]:
-        """One try, in one snapshot: the forgets it saw, its hits with their neighbours, and
-        the answer's notes."""
+    async def _user_row(self, conn: Connection, user_hash: str) -> UserRow:
+        cur = await conn.execute(USER_ROW, {"user": user_hash})
+        return UserRow(*(await cur.fetchone() or ()))
+
+    async def _snapshot(
+        self,
+        user_hash: str,
+        query: Query | None,
+        analysed: tuple[np.ndarray, list[list[list[str]]]] | None,
+        *,
+        always: bool,
+    ) -> tuple[MemoryState, Seen, Recalled]:
+        """One try, in one REPEATABLE READ READ ONLY snapshot: the state, the counters, and the
+        answer, ranked when the state is searchable (``always``: whatever the state)."""
         try:
             async with self.db.user(user_hash, read_only=True, repeatable=True) as conn:
-                cur = await conn.execute(
-                    "SELECT forgets, built_by, passages, tokens, generation FROM users"
-                    " WHERE user_hash = %s",
-                    (user_hash,),
-                )
-                row = await cur.fetchone()
-                if row is None:
-                    return None, [], Notes()
-                forgets, built, passages, tokens, generation = row
-                if passages == 0:
-                    return forgets, [], Notes()
-                if built != self.wanted:
-                    raise EngineError("index built by another schema or model")
-                source = self._source(
-                    conn, Snapshot(user_hash, passages, tokens, stems), str(generation)
-                )
-                found, said = await rank(
-                    source,
-                    query,
-                    qvec,
-                    k=self.k,
-                    candidates=self.candidates,
-                    half_life_days=self.half_life_days,
-                    min_similarity=self.min_similarity,
-                )
-                return forgets, found, said
+                row = await self._user_row(conn, user_hash)
+                state = memory_state(row, self.wanted)
+                seen = Seen(row.erasures or 0, row.forgets or 0)
+                if query is None or analysed is None or not (always or state in SEARCHABLE):
+                    return state, seen, Recalled("")
+                found, said = await self._search(conn, user_hash, query, *analysed, row)
         except psycopg.DataError as exc:  # e.g. vectors of another dimension than the query's
             raise EngineError(f"index unreadable: {type(exc).__name__}") from exc
+        return state, seen, render(found, query, self.max_chars, user_hash, said)
+
+    async def _search(
+        self,
+        conn: Connection,
+        user_hash: str,
+        query: Query,
+        qvec: np.ndarray,
+        stems: list[list[list[str]]],
+        row: UserRow,
+    ) -> tuple[Found, Notes]:
+        """The ranking in the snapshot ``conn`` holds: its hits with their neighbours, and the
+        answer's notes."""
+        if row.forgets is None or not row.passages:  # no user row, or nothing indexed
+            return [], Notes()
+        if row.built_by != self.wanted:
+            raise EngineError("index built by another schema or model")
+        source = self._source(
+            conn, Snapshot(user_hash, row.passages, row.tokens or 0, stems), str(row.generation)
+        )
+        return await rank(
+            source,
+            query,
+            qvec,
+            k=self.k,
+            candidates=self.candidates,
+            half_life_days=self.half_life_days,
+            min_similarity=self.min_similarity,
+        )
 
     def _source(self, conn: Connection, snapshot: Snapshot, generation: str) -> PgSource:
         """The pipeline's source over this transaction. Its matrix is the cached one of this

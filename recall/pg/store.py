@@ -38,8 +38,13 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from recall.domain.answers import Recalled
-from recall.domain.conversation import Conversation, readable_lines, stored_holds
-from recall.domain.errors import NotDue, NotFound
+from recall.domain.conversation import (
+    Conversation,
+    conversation_named,
+    readable_lines,
+    stored_holds,
+)
+from recall.domain.errors import NotDue, NotFound, StoreUnavailable
 from recall.domain.forgetting import (
     EVERYTHING,
     Forgetting,
@@ -53,9 +58,18 @@ from recall.domain.forgetting import (
 from recall.pg.database import Database, xact_lock
 from recall.pg.index import IndexRunner, drop_conversation, drop_user_index, index_lock
 from recall.pg.schema import key_id
-from recall.pg.search import PgSearch
+from recall.pg.search import PgSearch, Seen
 from recall.settings import Settings
-from recall.store import AuditLine, Mark, MemoryState, Receipt, Turn
+from recall.store import (
+    AuditLine,
+    Located,
+    Mark,
+    MemoryState,
+    Receipt,
+    Searched,
+    Settled,
+    Turn,
+)
 
 log = logging.getLogger("recall.pg.store")
 
@@ -73,12 +87,23 @@ FORGOTTEN_BEFORE = (
     "SELECT max(at) FROM tombstone_times WHERE user_hash = {} AND conversation_id IN ({}, {})"
 )
 BODY = "SELECT body FROM conversations WHERE user_hash = {} AND conversation_id = {}"
+BODY_BY_ID = "SELECT body FROM conversations WHERE user_hash = %s AND conversation_id = %s"
 # A change of the user's memory: an index run is due (after the debounce, from the first change
 # no run covers); the forgets counted make recalls in flight read again.
 CHANGED = (
     "UPDATE users SET changes = changes + 1, forgets = forgets + {}, "
     "due_at = coalesce(due_at, now() + make_interval(secs => {})) WHERE user_hash = {}"
 )
+
+
+def since(mark: Seen | None, now: Seen) -> Settled:
+    """What came since ``mark`` (None: nothing to check), told by the user's counters ``now``:
+    an erase, or (a search's mark) a forget."""
+    if mark is None:
+        return "kept"
+    if now.erasures > mark.erasures:
+        return "erased"
+    return "forgotten" if mark.forgets is not None and now.forgets != mark.forgets else "kept"
 
 
 def storable(value: Any) -> Any:
@@ -164,7 +189,7 @@ class PgStore:
         self.database = database
         self.debounce = debounce  # an index run is due this long after the first unindexed write
         self.runner = runner
-        self.search = search
+        self.searcher = search  # recall over the database (recall/pg/search.py)
         self._keys: dict[str, bytes] = {}  # key_id -> key: never change once made
         self._current: tuple[str, bytes] | None = None  # the key new tombstones are made under
 
@@ -188,8 +213,8 @@ class PgStore:
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.close()
-        if self.search is not None:
-            await self.search.close()
+        if self.searcher is not None:
+            await self.searcher.close()
         await self.database.close()
 
     async def ready(self) -> str | None:
@@ -322,11 +347,7 @@ class PgStore:
 
     async def turns(self, user: str, conversation_id: str) -> list[Turn] | None:
         async with self.database.user(user, read_only=True) as conn:
-            row = await _one(
-                conn,
-                "SELECT body FROM conversations WHERE user_hash = %s AND conversation_id = %s",
-                (user, conversation_id),
-            )
+            row = await _one(conn, BODY_BY_ID, (user, conversation_id))
         return None if row is None else readable_lines(row[0].encode("utf-8"))
 
     # --- the lifecycle ------------------------------------------------------------------------
@@ -468,10 +489,10 @@ class PgStore:
     # --- the audit, and recalls that overlap an erasure ---------------------------------------
 
     async def mark(self, user: str) -> Mark:
-        return await self._erasures(user)
+        return Seen(await self._erasures(user), None)
 
     async def erased_since(self, user: str, mark: Mark) -> bool:
-        return await self._erasures(user) > mark
+        return await self._erasures(user) > mark.erasures
 
     async def _erasures(self, user: str) -> int:
         async with self.database.user(user, read_only=True) as conn:
@@ -479,17 +500,31 @@ class PgStore:
         return 0 if row is None else int(row[0])
 
     async def append_audit(self, user: str, line: AuditLine, mark: Mark) -> None:
-        async with self.database.user(user) as conn:
-            # FOR KEY SHARE: an erase (FOR UPDATE) in flight is waited for, then seen.
-            row = await _one(
-                conn, "SELECT erasures FROM users WHERE user_hash = %s FOR KEY SHARE", (user,)
-            )
-            if row is None or int(row[0]) > mark:
-                return  # no data of the user, or erased since the recall began
-            await conn.execute(
-                "INSERT INTO audit (user_hash, at, line) VALUES (%s, %s, %s)",
-                (user, str(line.get("at", "")), Jsonb(storable(line))),
-            )
+        await self.settle(user, Seen(mark.erasures, None), line)
+
+    async def settle(self, user: str, mark: Mark, line: AuditLine | None) -> Settled:
+        """One transaction: the user's counters now against ``mark`` (a Seen), and the audit
+        line when nothing came since. With a line, FOR KEY SHARE: an erase (FOR UPDATE) in
+        flight is waited for, then seen. The check made, a line that cannot be written (the
+        insert or the commit failed) is "unaudited": the answer may still go out."""
+        settled: Settled | None = None
+        lock = "" if line is None else " FOR KEY SHARE"
+        try:
+            async with self.database.user(user, read_only=line is None) as conn:
+                row = await _one(
+                    conn, f"SELECT erasures, forgets FROM users WHERE user_hash = %s{lock}", (user,)
+                )
+                settled = since(mark, Seen(*row) if row else Seen(0, 0))
+                if settled == "kept" and line is not None and row is not None:
+                    await conn.execute(
+                        "INSERT INTO audit (user_hash, at, line) VALUES (%s, %s, %s)",
+                        (user, str(line.get("at", "")), Jsonb(storable(line))),
+                    )
+        except (StoreUnavailable, psycopg.Error):
+            if settled != "kept":
+                raise
+            return "unaudited"
+        return settled
 
     async def audit(self, user: str, since: str | None = None) -> list[AuditLine]:
         async with self.database.user(user, read_only=True) as conn:
@@ -517,21 +552,38 @@ class PgStore:
 
     # --- search -------------------------------------------------------------------------------
 
-    def _search(self) -> PgSearch:
-        if self.search is None:
+    def _searcher(self) -> PgSearch:
+        if self.searcher is None:
             raise RuntimeError("PgStore: no search configured")
-        return self.search
+        return self.searcher
 
     async def state(self, user: str) -> MemoryState:
-        return await self._search().state(user)
+        return await self._searcher().state(user)
 
     async def recall(self, user: str, query: str) -> Recalled:
-        return await self._search().recall(user, query)
+        return await self._searcher().recall(user, query)
+
+    async def search(self, user: str, query: str) -> Searched:
+        return await self._searcher().search(user, query)
+
+    async def locate(self, user: str, ref: str) -> Located:
+        """The lookup in one snapshot: the erasures, the user's conversation ids, the one named."""
+        async with self.database.user(user, read_only=True, repeatable=True) as conn:
+            row = await _one(conn, "SELECT erasures FROM users WHERE user_hash = %s", (user,))
+            ids = await _all(
+                conn, "SELECT conversation_id FROM conversations WHERE user_hash = %s", (user,)
+            )
+            named = conversation_named(user, ref, (cid for (cid,) in ids))
+            body = None if named is None else await _one(conn, BODY_BY_ID, (user, named))
+        mark = Seen(0 if row is None else int(row[0]), None)
+        if named is None or body is None:
+            return Located(None, mark)
+        return Located((named, readable_lines(body[0].encode("utf-8"))), mark)
 
     @property
     def cached_bytes(self) -> int:
         """The replica's cached vector matrices (GET /metrics' vector_cache_bytes)."""
-        return 0 if self.search is None else self.search.cache.cached_bytes
+        return 0 if self.searcher is None else self.searcher.cache.cached_bytes
 
     def repair(self, user: str) -> None:
         if self.runner is not None:
