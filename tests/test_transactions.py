@@ -84,6 +84,7 @@ async def call(server: Server, tool: str, arguments: dict[str, Any]) -> str:
     return result.content[0].text  # type: ignore[union-attr]
 
 
+@pytest.mark.slow  # two bursts of calls, each between waits for the counts to be flushed
 async def test_a_tool_call_costs_at_most_two_transactions_on_postgres(
     server: Server, pg_server: PgServer, pg_database: PgDatabase
 ) -> None:
