@@ -61,7 +61,10 @@ def test_a_full_queue_drops_and_counts_without_waiting(
     caplog.set_level(logging.WARNING, "recall_forward")
     with stalled_server() as url:
         forwarder = forwarder_class(url, secrets.token_hex(8), max_queue=3, timeout=10)
+        started = time.perf_counter()
         accepted = sum(forwarder.submit(body()) for _ in range(20))
+        elapsed = time.perf_counter() - started
+    assert elapsed < 0.05, f"a full queue made submit wait: {elapsed * 1000:.1f} ms"
     # at most the queue's 3 plus the one the thread took; every other one dropped and counted
     assert 3 <= accepted <= 4
     assert forwarder.dropped == 20 - accepted
