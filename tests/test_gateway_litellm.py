@@ -221,6 +221,12 @@ async def test_a_chat_through_a_real_litellm_proxy_is_recalled(
         wait_for(lambda: server.stored_turns("alice", "proxy-chat-1") is not None, timeout=60)
         server.wait_indexed("alice")
         assert "load balancer certificate" in await server.recall("alice", "K-2 rollout day")
+        # a streamed answer is forwarded once complete
+        streamed = {**chat, "stream": True, "litellm_session_id": "proxy-chat-2"}
+        assert b"data:" in post_raw(f"http://127.0.0.1:{port}/v1/chat/completions", streamed)
+        wait_for(lambda: server.stored_turns("alice", "proxy-chat-2") is not None, timeout=60)
+        stored = server.stored_turns("alice", "proxy-chat-2") or []
+        assert [t["text"] for t in stored] == ["When is the K-2 rollout now?", FACT]
         assert server.ingest_key not in (workdir / "proxy.log").read_text(errors="replace")
     finally:
         proxy.terminate()
@@ -235,8 +241,12 @@ def proxy_ready(port: int) -> bool:
         return False
 
 
-def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def post_raw(url: str, body: dict[str, Any]) -> bytes:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     request.add_header("content-type", "application/json")
     with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
+        return response.read()
+
+
+def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(post_raw(url, body))
