@@ -14,8 +14,7 @@ from recall.domain.answers import (
     Recalled,
     still_indexing,
 )
-from recall.indexing.pieces import Neighbour
-from recall.ranking.render import render
+from recall.ranking.render import Neighbour, render
 from recall.ranking.search import Hit, Notes
 from recall.ranking.text import Query
 

@@ -12,7 +12,7 @@ text that was embedded, so an index run embeds only new or changed text.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -190,33 +190,3 @@ def built_by(embedder: Embedder) -> dict[str, str]:
     """What a db records of how it was built; a db built otherwise is rebuilt. Vectors of two
     models (or of one model run two ways) must never be compared with each other."""
     return {"schema": SCHEMA, "embedder": embedder.fingerprint}
-
-
-RECALLED_ROLE = "{role}, answered from recall"  # how a recalled neighbour is labelled
-
-
-class Neighbour(NamedTuple):
-    """A turn near a hit's: ``offset`` turns after it (negative: before); its pieces joined;
-    ``role`` says when the turn was answered from recall (RECALLED_ROLE)."""
-
-    offset: int
-    role: str
-    text: str
-
-    @property
-    def where(self) -> str:
-        return "before" if self.offset < 0 else "after"
-
-
-def gather_neighbours(
-    seq: int, pieces: Iterable[tuple[int, str, str, bool | int]]
-) -> list[Neighbour]:
-    """The neighbours of turn ``seq`` from the pieces of the turns around it, (seq, role, text,
-    recalled) in conversation order: each turn's pieces joined, a recalled turn labelled."""
-    parts: dict[int, tuple[str, list[str]]] = {}
-    for turn_seq, role, text, recalled in pieces:
-        label = RECALLED_ROLE.format(role=role) if recalled else role
-        parts.setdefault(turn_seq, (label, []))[1].append(text)
-    return [
-        Neighbour(at - seq, role, " ".join(texts)) for at, (role, texts) in sorted(parts.items())
-    ]

@@ -19,8 +19,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from recall.indexing.pieces import Neighbour, gather_neighbours
-from recall.ranking.render import NEIGHBOURS
+from recall.ranking.render import NEIGHBOURS, Neighbour, gather_neighbours
 from recall.ranking.search import (
     DENSE_WEIGHT,
     LEXICAL_POOL,

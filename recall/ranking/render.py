@@ -31,12 +31,12 @@ Each hit, best first, is one block:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from recall.domain.answers import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED, Passage, Recalled
 from recall.domain.conversation import place
-from recall.indexing.pieces import Neighbour
 from recall.ranking.search import Hit, Notes
 from recall.ranking.text import Query
 
@@ -44,6 +44,36 @@ NEIGHBOURS = 4  # turns shown before and after each hit, nearest first when room
 NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shortened
 ELLIPSIS = "…"
 NO_NOTES = Notes()
+
+
+RECALLED_ROLE = "{role}, answered from recall"  # how a recalled neighbour is labelled
+
+
+class Neighbour(NamedTuple):
+    """A turn near a hit's: ``offset`` turns after it (negative: before); its pieces joined;
+    ``role`` says when the turn was answered from recall (RECALLED_ROLE)."""
+
+    offset: int
+    role: str
+    text: str
+
+    @property
+    def where(self) -> str:
+        return "before" if self.offset < 0 else "after"
+
+
+def gather_neighbours(
+    seq: int, pieces: Iterable[tuple[int, str, str, bool | int]]
+) -> list[Neighbour]:
+    """The neighbours of turn ``seq`` from the pieces of the turns around it, (seq, role, text,
+    recalled) in conversation order: each turn's pieces joined, a recalled turn labelled."""
+    parts: dict[int, tuple[str, list[str]]] = {}
+    for turn_seq, role, text, recalled in pieces:
+        label = RECALLED_ROLE.format(role=role) if recalled else role
+        parts.setdefault(turn_seq, (label, []))[1].append(text)
+    return [
+        Neighbour(at - seq, role, " ".join(texts)) for at, (role, texts) in sorted(parts.items())
+    ]
 
 
 def render(
