@@ -64,7 +64,7 @@ from recall.domain.answers import (
     Recalled,
 )
 from recall.domain.conversation import parse_conversation, user_dir_name
-from recall.engines.base import Engine
+from recall.files.engines.base import Engine
 from recall.files.layout import write_conversation
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo-dev.json"
@@ -501,7 +501,7 @@ async def evaluate_engines(
 def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
     """Today's embedded engine at each k's settings, sharing one embedding model."""
     from recall.embedder import PACKAGED
-    from recall.engines.embedded.engine import EmbeddedEngine
+    from recall.files.engines.embedded.engine import EmbeddedEngine
     from recall.models import load_embedder
     from recall.settings import MODEL_MIN_SIMILARITY
 

@@ -42,7 +42,7 @@ from benchmark.common import load_by_backfill, machine, postgres, timing, tree_r
 from benchmark.history import History, Question, generate
 from devtools.testing import ROOT, LocalServer, make_server
 from recall.domain.conversation import parse_conversation, user_dir_name
-from recall.engines.factory import make_engine
+from recall.files.engines.factory import make_engine
 from recall.files.layout import write_conversation
 from recall.settings import Settings
 

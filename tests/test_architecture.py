@@ -43,10 +43,10 @@ def sources() -> dict[str, Path]:
 MODULES = sources()
 
 # The files store: recall/files/ (its layout and lifecycle, its scheduler and backfill, its audit
-# file, FilesStore) and recall/engines/ (funes; the embedded engine's SQLite store, seam and
+# file, FilesStore) and recall/files/engines/ (funes; the embedded engine's SQLite store, seam and
 # worker), which search its sources. What both stores use lives in recall/ranking/,
 # recall/indexing/ and recall/domain/.
-FILES_STORE = {name for name in MODULES if name.startswith(("recall.files", "recall.engines"))}
+FILES_STORE = {name for name in MODULES if name.startswith("recall.files")}
 
 
 def _parents(name: str) -> Iterator[str]:
@@ -191,6 +191,30 @@ def cycles() -> list[list[str]]:
 
 def test_no_import_circle() -> None:
     assert not cycles()
+
+
+def package_of(name: str) -> str:
+    """The package of recall a module belongs to: ``recall.pg`` for ``recall.pg.search``,
+    ``recall.auth`` for a module directly under recall/."""
+    return ".".join(name.split(".")[:2])
+
+
+def test_no_two_packages_of_recall_import_each_other() -> None:
+    """The package map reads one way: the app above the stores, the stores above ranking,
+    indexing and the domain; no package reaches back into one that reaches it."""
+    ours = [name for name in MODULES if name.startswith("recall.")]
+    reaches: dict[str, set[str]] = {package_of(name): set() for name in ours}
+    for name in ours:
+        reaches[package_of(name)] |= {package_of(t) for t in GRAPH[name]} - {package_of(name)}
+    both_ways = sorted(
+        f"{a} <-> {b}" for a in reaches for b in reaches[a] if a < b and a in reaches.get(b, ())
+    )
+    assert not both_ways
+
+
+def test_ranking_indexing_and_the_domain_import_neither_store() -> None:
+    shared = {n for n in MODULES if package_of(n) in ("recall.ranking", "recall.indexing")}
+    assert not crossings(shared | DOMAIN, FILES_STORE | PG)
 
 
 def test_the_wheel_ships_every_package_of_recall_and_no_test_or_demo_helper() -> None:

@@ -35,7 +35,7 @@ from devtools import testing
 from devtools.testing import LocalServer
 from recall.domain.answers import NOTHING_FOUND
 from recall.domain.conversation import SOURCE_SUFFIX, parse_conversation
-from recall.engines.embedded.store import db_path
+from recall.files.engines.embedded.store import db_path
 from recall.files.layout import write_conversation
 from recall.files.scheduler import needs_index
 

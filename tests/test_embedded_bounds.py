@@ -22,8 +22,8 @@ import pytest
 
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.embedder import OnnxEmbedder
-from recall.engines.embedded.engine import EmbeddedEngine
-from recall.engines.factory import make_engine
+from recall.files.engines.embedded.engine import EmbeddedEngine
+from recall.files.engines.factory import make_engine
 from recall.files.layout import write_conversation
 from recall.models import load_embedder
 from recall.pg.fts import phrase_stems

@@ -23,8 +23,8 @@ from recall.domain.answers import NEAR_MISSES, NEVER_MENTIONED
 from recall.domain.conversation import parse_conversation
 from recall.domain.errors import EngineError
 from recall.embedder import QUERY_THREADS, THREADS, Embedder, ModelUnavailable, OnnxEmbedder
-from recall.engines.embedded.engine import EmbeddedEngine
-from recall.engines.embedded.store import db_path
+from recall.files.engines.embedded.engine import EmbeddedEngine
+from recall.files.engines.embedded.store import db_path
 from recall.files.layout import source_files, write_conversation
 from recall.files.scheduler import index_and_mark, index_stale
 from recall.models import load_embedder

@@ -15,7 +15,7 @@ from conftest import Server, conversation, make_server, turn, wait_for
 
 from recall.domain.answers import UNAVAILABLE
 from recall.embedder import packaged_fingerprint
-from recall.engines.embedded.store import db_path, stored
+from recall.files.engines.embedded.store import db_path, stored
 from recall.files.scheduler import needs_index
 from recall.models import load_embedder
 

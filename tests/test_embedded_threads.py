@@ -18,8 +18,8 @@ from recall.concurrency import usable_cores
 from recall.domain.conversation import parse_conversation
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder, OnnxEmbedder
-from recall.engines.embedded.engine import EmbeddedEngine
-from recall.engines.embedded.store import db_path
+from recall.files.engines.embedded.engine import EmbeddedEngine
+from recall.files.engines.embedded.store import db_path
 from recall.files.layout import write_conversation
 from recall.indexing.pieces import FLUSH_TEXTS
 from recall.models import load_embedder

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import FakeFunes, make_server
 
-from recall.engines.factory import make_engine
+from recall.files.engines.factory import make_engine
 from recall.settings import ConfigError, Settings
 
 

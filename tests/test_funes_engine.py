@@ -26,7 +26,7 @@ from recall.domain.conversation import (
     parse_conversation,
     user_dir_name,
 )
-from recall.engines.funes import FunesEngine, parse_hits, render_hits
+from recall.files.engines.funes import FunesEngine, parse_hits, render_hits
 from recall.files.layout import write_conversation
 
 

@@ -20,7 +20,7 @@ from test_embedded_server import long_conversation, timed_posts
 from recall.files.scheduler import needs_index
 from recall.indexing.workers import BACKGROUND_NICENESS, IndexWorkers
 
-WORKER_MODULE = "recall.engines.embedded.worker"
+WORKER_MODULE = "recall.files.engines.embedded.worker"
 
 
 @pytest.fixture

@@ -33,10 +33,10 @@ from pg import PgDatabase, PgServer
 from recall.domain.answers import NO_MEMORY
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.domain.forgetting import forgotten_message, turn_digest
-from recall.engines.base import ForgetWindows
-from recall.engines.factory import make_engine
 from recall.files import lifecycle
 from recall.files.audit_file import AUDIT_FILE as AUDIT
+from recall.files.engines.base import ForgetWindows
+from recall.files.engines.factory import make_engine
 from recall.files.layout import read_source, write_conversation
 from recall.files.lifecycle import Lifecycle, UserGates, list_receipts
 from recall.files.scheduler import IndexScheduler

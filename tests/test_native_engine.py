@@ -31,8 +31,8 @@ from test_memory_api import as_user
 from recall.domain.answers import UNAVAILABLE
 from recall.domain.conversation import parse_conversation
 from recall.embedder import MAX_ENGINE_CHARS, MULTILINGUAL, ModelUnavailable, engine_text
-from recall.engines.embedded.engine import RunStop, index_sources
-from recall.engines.embedded.store import connect, db_path
+from recall.files.engines.embedded.engine import RunStop, index_sources
+from recall.files.engines.embedded.store import connect, db_path
 from recall.files.layout import write_conversation
 from recall.multilingual import E5Embedder, EngineCrashed
 

@@ -36,8 +36,8 @@ from recall.domain.answers import UNAVAILABLE
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder, OnnxEmbedder
-from recall.engines.embedded.engine import EmbeddedEngine
-from recall.engines.embedded.store import bm25_pool, common_stems, connect, db_path
+from recall.files.engines.embedded.engine import EmbeddedEngine
+from recall.files.engines.embedded.store import bm25_pool, common_stems, connect, db_path
 from recall.files.layout import write_conversation
 from recall.models import load_embedder
 from recall.pg.database import Connection, Database

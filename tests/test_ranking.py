@@ -13,8 +13,8 @@ from test_embedded_engine import CORPUS, hits, post
 
 from recall.domain.answers import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED
 from recall.embedder import OnnxEmbedder
-from recall.engines.embedded.engine import EmbeddedEngine
-from recall.engines.embedded.store import (
+from recall.files.engines.embedded.engine import EmbeddedEngine
+from recall.files.engines.embedded.store import (
     bm25_pool,
     candidate_rows,
     common_stems,

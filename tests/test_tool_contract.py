@@ -21,7 +21,7 @@ from recall.domain.answers import (
     UNAVAILABLE,
 )
 from recall.domain.conversation import conversation_ref, user_dir_name
-from recall.engines.embedded.store import db_path
+from recall.files.engines.embedded.store import db_path
 
 
 # One server per store for the module's tests that only list the tools or post the same

@@ -19,7 +19,7 @@ from recall.app.answers import Answers
 from recall.auth import build_verifier
 from recall.concurrency import BoundedRuns, Glance
 from recall.domain.conversation import Limits
-from recall.engines.factory import make_engine
+from recall.files.engines.factory import make_engine
 from recall.files.layout import PRIVATE_UMASK
 from recall.files.lifecycle import sweep_forever
 from recall.files.store import FilesStore

@@ -7,5 +7,5 @@
 - scheduler.py: debounced per-user index runs, off the request path.
 - backfill.py: `recall-server backfill`, a history imported in bulk.
 
-The engines it runs (funes, the embedded engine) stay in recall/engines/.
+The engines it runs (funes, the embedded engine) stay in recall/files/engines/.
 """

@@ -26,8 +26,8 @@ from typing import TextIO
 
 from recall.domain.conversation import Conversation, Limits, parse_conversation, user_dir_name
 from recall.domain.errors import EngineError, Forgotten, InvalidConversation
-from recall.engines.base import Engine
-from recall.engines.factory import make_engine
+from recall.files.engines.base import Engine
+from recall.files.engines.factory import make_engine
 from recall.files.layout import PRIVATE_DIR, PRIVATE_UMASK, write_conversation
 from recall.files.lifecycle import admit_for
 from recall.files.scheduler import index_and_mark

@@ -65,8 +65,8 @@ from recall.domain.forgetting import (
     stamp,
     turn_digest,
 )
-from recall.engines.base import Engine, ForgetWindows
 from recall.files import audit_file
+from recall.files.engines.base import Engine, ForgetWindows
 from recall.files.layout import (
     PRIVATE_DIR,
     conversation_lock,

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from recall.engines.base import Engine
+from recall.files.engines.base import Engine
 from recall.files.layout import private_file, source_files
 from recall.logs import user_fields
 

@@ -25,8 +25,8 @@ from recall.domain.conversation import (
     Conversation,
     conversation_named,
 )
-from recall.engines.base import Engine
 from recall.files import audit_file
+from recall.files.engines.base import Engine
 from recall.files.layout import (
     PRIVATE_DIR,
     read_source,

@@ -1,6 +1,6 @@
 """What both stores index of a conversation, and how they tell what changed: its pieces (rows),
 what an index already holds of them (`Stored`), the rows a run drops and writes, the turns
-around a hit. Pure: the embedded engine keeps the rows in SQLite (recall/engines/embedded/
+around a hit. Pure: the embedded engine keeps the rows in SQLite (recall/files/engines/embedded/
 store.py), the PostgreSQL store in its tables (recall/pg/index.py); both build the same rows.
 
     turns -> pieces of ~1,200 chars -> embed what is new -> the store's index

@@ -24,7 +24,7 @@ replaced for that request; one that dies mid-request fails that run (EngineError
 is retried later (the files store: at the next write or failed recall; PostgreSQL: when the
 user is due again).
 
-Worker side, ``python -m recall.engines.embedded.worker`` (`main` below, given the embedded
+Worker side, ``python -m recall.files.engines.embedded.worker`` (`main` below, given the embedded
 engine's index run; one program for both stores' workers): lowers its priority, dies with the
 server (PR_SET_PDEATHSIG), loads the model, then answers requests until its stdin closes. With
 EMBED_MODEL=multilingual-e5-small the model's engine runs in a child of the worker
@@ -79,7 +79,7 @@ PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent t
 READY = b'{"ready": true}\n'  # the worker's first line: the model is loaded
 # The workers' program, for both stores: `main` with the embedded engine's index run. Named, not
 # imported: a server on PostgreSQL never loads the embedded engine's store in its own process.
-WORKER_PROGRAM = "recall.engines.embedded.worker"
+WORKER_PROGRAM = "recall.files.engines.embedded.worker"
 
 
 class WorkerExited(EngineError):

@@ -1,4 +1,4 @@
-"""The index worker program, ``python -m recall.engines.embedded.worker``: the worker of
+"""The index worker program, ``python -m recall.files.engines.embedded.worker``: the worker of
 recall/indexing/workers.py (both stores' embed requests), which also runs a files-store user's
 index runs (the ``{"home": ..., "timeout": ...}`` requests of `IndexWorkers.run`)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recall.embedder import Embedder
-from recall.engines.embedded.engine import RunStop, index_sources
+from recall.files.engines.embedded.engine import RunStop, index_sources
 from recall.indexing import workers
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 
-from recall.engines.embedded.store import bm25_pool, candidate_rows, pieces_around
+from recall.files.engines.embedded.store import bm25_pool, candidate_rows, pieces_around
 from recall.ranking.pipeline import Piece, Pool
 from recall.ranking.search import Candidate, Hit
 from recall.ranking.text import Query

@@ -22,7 +22,7 @@ from recall.concurrency import kill_group
 from recall.domain.answers import Passage, Recalled
 from recall.domain.conversation import CONVERSATION_ID, RECALLED_BLOCK_TYPE, SOURCE_SUFFIX, place
 from recall.domain.errors import EngineError
-from recall.engines.base import ForgetWindows
+from recall.files.engines.base import ForgetWindows
 from recall.files.layout import read_source
 
 log = logging.getLogger("recall.funes")

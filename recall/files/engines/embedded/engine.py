@@ -28,9 +28,9 @@ from recall.concurrency import run_in, usable_cores
 from recall.domain.answers import Recalled
 from recall.domain.errors import EngineError
 from recall.embedder import Embedder, release_freed_memory
-from recall.engines.base import ForgetWindows
-from recall.engines.embedded.source import SqliteSource
-from recall.engines.embedded.store import (
+from recall.files.engines.base import ForgetWindows
+from recall.files.engines.embedded.source import SqliteSource
+from recall.files.engines.embedded.store import (
     common_stems,
     connect,
     db_path,

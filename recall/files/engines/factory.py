@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from recall.engines.base import Engine
-from recall.engines.funes import FunesEngine, find_funes
+from recall.files.engines.base import Engine
+from recall.files.engines.funes import FunesEngine, find_funes
 from recall.indexing.configured import configured_embedder, index_workers
 from recall.settings import ConfigError, Settings
 
@@ -25,7 +25,7 @@ def make_engine(settings: Settings) -> Engine:
         )
     # Imported here: onnxruntime is heavy, and a funes deployment never needs it.
     from recall.embedder import QUERY_THREADS
-    from recall.engines.embedded.engine import EmbeddedEngine
+    from recall.files.engines.embedded.engine import EmbeddedEngine
 
     # This process embeds queries only; index runs embed in worker processes of their own.
     embedder = configured_embedder(settings, QUERY_THREADS)
