@@ -145,8 +145,9 @@ async def write(
         for done, conversation in enumerate(
             conversations(path, fmt, user, limits, max_bytes, scratch), 1
         ):
-            outcome = asyncio.run_coroutine_threadsafe(_put(store, user, conversation), loop)
-            setattr(planned, outcome.result(), getattr(planned, outcome.result()) + 1)
+            put = asyncio.run_coroutine_threadsafe(_put(store, user, conversation), loop)
+            outcome = put.result()  # one at a time: the store's own pace, in order
+            setattr(planned, outcome, getattr(planned, outcome) + 1)
             progress(done)
 
     await asyncio.to_thread(put_all)
