@@ -15,8 +15,8 @@ import pytest
 
 from recall.domain.conversation import Conversation, Limits
 from recall.importing.errors import ImportRefused
-from recall.importing.formats import FORMATS
 from recall.importing.importer import Summary, conversations, plan
+from recall.importing.registry import FORMATS
 
 EXPORTS = Path(__file__).resolve().parent / "chat_exports"
 MB = 1024 * 1024

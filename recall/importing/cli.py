@@ -24,7 +24,8 @@ from recall.files.backfill import Progress
 from recall.files.store import DataDirTaken, hold_data_dir
 from recall.importing import importer
 from recall.importing.errors import ImportRefused
-from recall.importing.formats import FORMATS, Format
+from recall.importing.formats.base import Format
+from recall.importing.registry import FORMATS
 from recall.settings import ConfigError, Settings, load_settings
 
 PROG = "recall-server import-chats"

@@ -21,7 +21,7 @@ from recall.domain.conversation import Conversation, Limits, parse_conversation
 from recall.domain.errors import Forgotten, InvalidConversation
 from recall.importing.archive import BoundedReader, open_export
 from recall.importing.errors import ImportRefused
-from recall.importing.formats import Exported, Format
+from recall.importing.formats.base import Exported, Format
 from recall.store import Store
 
 log = logging.getLogger("recall.import")

@@ -28,7 +28,8 @@ from recall.domain.conversation import Limits
 from recall.domain.errors import StoreUnavailable
 from recall.importing import importer
 from recall.importing.errors import ImportRefused, TooLarge
-from recall.importing.formats import FORMATS, Format
+from recall.importing.formats.base import Format
+from recall.importing.registry import FORMATS
 from recall.memory_api import BadRequest, answer, error
 from recall.store import Store
 
