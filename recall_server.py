@@ -10,7 +10,8 @@ Two paths, two credentials; each route's module in brackets (recall/app/__init__
   argument; bounded, timed, capped, and both fail soft. [recall/app/tools.py; the answers and how
   they fail soft: recall/app/answers.py]
 - Lifecycle: POST /forget, /erase, /receipts, /audit [recall/app/lifecycle_routes.py]; the memory
-  page and its API under /api/me/ [recall/memory_api.py]; GET /healthz, /readyz, /metrics
+  page and its API under /api/me/ [recall/memory_api.py; its chat import:
+  recall/importing/routes.py]; GET /healthz, /readyz, /metrics
   [recall/app/operations.py].
 
 Here only this map, the wiring (create_app, which reads as the list of routes) and the command

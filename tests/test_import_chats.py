@@ -6,6 +6,7 @@ and refuses beside a server that holds the files store's DATA_DIR."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -98,7 +99,7 @@ async def found_within(server: Server, user: str, query: str, fact: str, seconds
         if fact in answer:
             return time.monotonic() - started
         assert time.monotonic() - started < seconds, answer
-        time.sleep(0.5)
+        await asyncio.sleep(0.5)
 
 
 async def test_an_uploaded_chatgpt_export_is_found_by_the_agents_tool_within_a_minute(
