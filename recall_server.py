@@ -10,7 +10,8 @@ Two paths, two credentials; each route's module in brackets (recall/app/__init__
   argument; bounded, timed, capped, and both fail soft. [recall/app/tools.py; the answers and how
   they fail soft: recall/app/answers.py]
 - Lifecycle: POST /forget, /erase, /receipts, /audit [recall/app/lifecycle_routes.py]; the memory
-  page and its API under /api/me/ [recall/memory_api.py]; GET /healthz, /readyz, /metrics
+  page and its API under /api/me/ [recall/memory_api.py; its chat import:
+  recall/importing/routes.py]; GET /healthz, /readyz, /metrics
   [recall/app/operations.py].
 
 Here only this map, the wiring (create_app, which reads as the list of routes) and the command
@@ -38,6 +39,7 @@ from recall.auth import MCP_PATH, TokenFirst
 from recall.domain.conversation import user_dir_name
 from recall.files.layout import PRIVATE_UMASK
 from recall.files.store import hold_data_dir
+from recall.importing.routes import ChatImports
 from recall.logs import configure_logging
 from recall.memory_api import MemoryApi
 from recall.settings import ConfigError, Settings, load_settings, settings_help
@@ -52,6 +54,9 @@ usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, G
                                      tables' owner (recall-server migrate --help)
        recall-server import DATA_DIR load a files store into PostgreSQL; export --user USER
                                      --out DIR writes one user's conversations back as files
+       recall-server import-chats --format F --user U PATH
+                                     import one person's ChatGPT, Claude, Claude Code, Codex
+                                     or Open WebUI export (docs/import.md)
        recall-server --help          this text
 
 Settings are environment variables (default after =):
@@ -72,11 +77,14 @@ def create_app(settings: Settings) -> Starlette:
         app.verifier.required_scopes,
         search_query,
     )
+    # "Bring your history": a person's chat export into their own memory, as POST /turns stores.
+    imports = ChatImports(app.store, app.limits, settings.import_max_bytes)
     routes = [
         *Ingest(app).routes(),  # POST /turns: the write path
         *LifecycleRoutes(app).routes(),  # POST /forget, /erase, /receipts, /audit
         *Operations(app).routes(),  # GET /healthz, /readyz, /metrics
         *memory.routes(),  # GET /memory, /api/me/...
+        ("/api/me/import", ["GET", "POST"], memory.signed_in(imports.handle)),
     ]
     for path, methods, endpoint in routes:
         mcp.custom_route(path, methods)(endpoint)
@@ -110,6 +118,10 @@ def main() -> None:
         from recall.pg.schema import main as migrate
 
         sys.exit(migrate(arguments[1:]))
+    if arguments[:1] == ["import-chats"]:  # one person's chat export into their memory
+        from recall.importing.cli import main as import_chats
+
+        sys.exit(import_chats(arguments[1:]))
     if arguments[:1] in (["import"], ["export"]):  # STORE=postgres: a files store in, a user out
         from recall.transfer import main as transfer
 

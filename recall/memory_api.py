@@ -21,6 +21,9 @@ What (docs/CONTRACTS.md, "The memory page"):
     GET  /api/me/audit?limit=&before=    a page of the recall audit, newest first, passages
                                          linked to their turn and named by their conversation,
                                          and the cursor of the next page
+    POST /api/me/import?format=F, GET /api/me/import   "Bring your history": a chat export into
+                                         this memory (recall/importing/routes.py, wrapped by
+                                         `signed_in` here)
 
 The search is the tool's own (the same function, bound, timeout and fail-soft answers) but is
 not audited: the audit says what the *assistant* looked up. The page is three static files

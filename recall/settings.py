@@ -86,6 +86,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest `/turns` body")
     max_turns: int = Field(5_000, ge=1, description="turns per conversation")
     max_text_chars: int = Field(200_000, ge=1, description="characters per turn")
+    import_max_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=1024,
+        description="largest chat export `import-chats` and the memory page's upload take: the "
+        "file or zip, and the chats read out of it ([import.md](import.md))",
+    )
     # Unset: the built-in credential patterns cover the common providers; a deployment adds its own.
     redact_patterns_file: Path | None = Field(
         None,

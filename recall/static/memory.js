@@ -15,7 +15,8 @@
 
 (() => {
   const TOKEN_KEY = "recall.token";
-  const VIEWS = ["signin", "conversations", "conversation", "search", "audit", "erase"];
+  const VIEWS = ["signin", "conversations", "conversation", "search", "audit", "import", "erase"];
+  const IMPORT_POLL_MS = 1000;
   const ERASE_WORD = "erase";
   const SPEAKERS = { user: "You", assistant: "Assistant", system: "System", tool: "Tool" };
   const OUTCOMES = {
@@ -96,7 +97,10 @@
       credentials: "omit",
       referrerPolicy: "no-referrer",
     };
-    if (body !== undefined) {
+    if (body instanceof Blob) {
+      init.headers["Content-Type"] = "application/octet-stream"; // the export, as it is
+      init.body = body;
+    } else if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
     }
@@ -428,6 +432,61 @@
     show("audit");
   }
 
+  // --- bring your history: an export's upload, its progress and summary ---------------------
+
+  function importSays(text) {
+    $("import-status").textContent = text;
+  }
+
+  // The summary as the server counts it: numbers and reasons only.
+  function showImport(job) {
+    const list = $("import-summary");
+    clear(list);
+    const bar = $("import-progress");
+    bar.hidden = job.state !== "importing";
+    bar.max = Math.max(job.total, 1);
+    bar.value = job.done;
+    const s = job.summary;
+    if (job.state === "importing") {
+      importSays(`Importing: ${job.done} of ${plural(job.total, "conversation")}…`);
+    } else if (job.state === "done") {
+      importSays(`Done: ${plural(s.imported, "conversation")} imported.`);
+    } else {
+      importSays(job.error || "The import failed.");
+    }
+    list.append(
+      el("li", {}, `${plural(s.conversations, "conversation")} in the export, ${plural(s.turns, "message")} to import`),
+      el("li", {}, `Imported: ${s.imported}; already in your memory: ${s.unchanged}; forgotten before, left out: ${s.forgotten}`),
+    );
+    for (const [why, count] of Object.entries(s.skipped)) {
+      list.append(el("li", {}, `Conversations skipped (${why}): ${count}`));
+    }
+    for (const [why, count] of Object.entries(s.skipped_turns)) {
+      list.append(el("li", {}, `Messages skipped (${why}): ${count}`));
+    }
+    for (const [kind, count] of Object.entries(s.redacted)) {
+      list.append(el("li", {}, `Credentials hidden (${kind}): ${count}`));
+    }
+  }
+
+  async function followImport() {
+    const { import: job } = await api("GET", "/api/me/import");
+    if (!job) return;
+    showImport(job);
+    if (job.state === "importing") setTimeout(() => followImport().catch(failed), IMPORT_POLL_MS);
+  }
+
+  async function startImport() {
+    const file = $("import-file").files[0];
+    if (!file) return;
+    clear($("import-summary"));
+    importSays("Uploading and checking the export…");
+    const format = encodeURIComponent($("import-format").value);
+    const { import: job } = await api("POST", `/api/me/import?format=${format}`, file);
+    showImport(job);
+    await followImport();
+  }
+
   // --- routing and events ---------------------------------------------------------------------
 
   async function route() {
@@ -444,6 +503,9 @@
         show("search");
       } else if (name === "audit") {
         await showAudit();
+      } else if (name === "import") {
+        show("import");
+        await followImport();
       } else if (name === "erase") {
         show("erase");
       } else {
@@ -541,6 +603,14 @@
     } catch (failure) {
       failed(failure);
     }
+  });
+
+  $("import-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    startImport().catch((failure) => {
+      if (failure instanceof SignedOut) failed(failure);
+      else importSays(failure.message || "Something went wrong.");
+    });
   });
 
   $("audit-more").addEventListener("click", () => {

@@ -1,0 +1,1 @@
+"""One module per export format (docs/import.md); `recall.importing.registry` names them."""
