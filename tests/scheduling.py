@@ -16,37 +16,45 @@ from xdist.scheduler import LoadScopeScheduling
 
 # Seconds each module took in one worker (setup, calls and teardown) in a full
 # `pytest -n 3 --dist loadscope` on a shared 2-core machine under a load of about 25: several
-# times what they take on a quiet one, but only the order matters. Those marked "~" had not
-# been measured there: estimates from what they do. A module not listed goes after these, in
-# xdist's own order; a new module that takes minutes belongs here.
+# times what they take on a quiet one, but only the order matters (test_lifecycle_races.py: its
+# tests' share of test_lifecycle.py's time then). One marked "~" is an estimate. A module not
+# listed (under 50 s there) goes after these, in xdist's own order; a new module that takes
+# minutes belongs here.
 MEASURED_SECONDS = {
     "tests/test_fuzz.py": 920,
-    "tests/test_lifecycle.py": 440,
-    "tests/test_lifecycle_races.py": 420,
     "tests/test_command_line.py": 550,
+    "tests/test_lifecycle_races.py": 450,
     "tests/test_languages.py": 430,
-    "tests/test_container_image.py": 400,  # ~ podman builds and runs the image (smoke.sh)
+    "tests/test_lifecycle.py": 410,
+    "tests/test_container_image.py": 400,  # ~ podman builds and runs the image: not reached
+    "tests/test_native_engine.py": 370,
     "tests/test_auth.py": 310,
-    "tests/test_examples.py": 300,  # ~ a non-editable pip install; replicas behind nginx
-    "tests/test_replicas.py": 300,  # ~ two replicas, PostgreSQL restarted under load
-    "tests/test_crash.py": 300,  # ~ a server killed again and again
     "tests/test_read_tool.py": 250,
     "tests/test_pg_search.py": 240,
-    "tests/test_readme_blocks.py": 200,  # ~ README's blocks run as a newcomer would
+    "tests/test_index_workers.py": 230,
+    "tests/test_pg_transfer.py": 230,
+    "tests/test_examples.py": 230,
+    "tests/test_replicas.py": 220,
+    "tests/test_readme_blocks.py": 210,
+    "tests/test_crash.py": 210,
     "tests/test_observability.py": 200,
-    "tests/test_embedded_engine.py": 185,
-    "tests/test_memory_page.py": 150,  # ~ Chromium
+    "tests/test_memory_page.py": 190,
+    "tests/test_demo.py": 190,
+    "tests/test_embedded_engine.py": 180,
+    "tests/test_tool_contract.py": 180,
+    "tests/test_indexing.py": 160,
     "tests/test_funes_engine.py": 140,
     "tests/test_pg_start.py": 140,
-    "tests/test_pg_store.py": 115,
-    "tests/test_container_files.py": 115,
+    "tests/test_pg_store.py": 110,
+    "tests/test_container_files.py": 110,
     "tests/test_audit.py": 110,
-    "tests/test_memory_api.py": 105,
+    "tests/test_memory_api.py": 110,
     "tests/test_transport.py": 100,
     "tests/test_redaction.py": 90,
-    "tests/test_ingest.py": 65,
-    "tests/test_tool_contract.py": 65,
-    "tests/test_native_engine.py": 55,
+    "tests/test_ingest.py": 60,
+    "tests/test_locomo_benchmark.py": 60,
+    "tests/test_logging.py": 60,
+    "tests/test_recalled.py": 60,
     "tests/test_pg_schema.py": 50,
 }
 
