@@ -17,7 +17,7 @@ from xdist.scheduler import LoadScopeScheduling
 # Seconds each module took in one worker (setup, calls and teardown) in a full
 # `pytest -n 3 --dist loadscope` on a shared 2-core machine under a load of about 25: several
 # times what they take on a quiet one, but only the order matters (test_lifecycle_races.py: its
-# tests' share of test_lifecycle.py's time then). One marked "~" is an estimate. A module not
+# tests' share of test_lifecycle.py's time then). A module not
 # listed (under 50 s there) goes after these, in xdist's own order; a new module that takes
 # minutes belongs here.
 MEASURED_SECONDS = {
@@ -26,7 +26,6 @@ MEASURED_SECONDS = {
     "tests/test_lifecycle_races.py": 450,
     "tests/test_languages.py": 430,
     "tests/test_lifecycle.py": 410,
-    "tests/test_container_image.py": 400,  # ~ podman builds and runs the image: not reached
     "tests/test_native_engine.py": 370,
     "tests/test_auth.py": 310,
     "tests/test_read_tool.py": 250,
@@ -38,11 +37,13 @@ MEASURED_SECONDS = {
     "tests/test_readme_blocks.py": 210,
     "tests/test_crash.py": 210,
     "tests/test_observability.py": 200,
+    "tests/test_embedded_server.py": 200,
     "tests/test_memory_page.py": 190,
     "tests/test_demo.py": 190,
     "tests/test_embedded_engine.py": 180,
     "tests/test_tool_contract.py": 180,
     "tests/test_indexing.py": 160,
+    "tests/test_benchmark_quality.py": 140,
     "tests/test_funes_engine.py": 140,
     "tests/test_pg_start.py": 140,
     "tests/test_pg_store.py": 110,
@@ -55,6 +56,7 @@ MEASURED_SECONDS = {
     "tests/test_locomo_benchmark.py": 60,
     "tests/test_logging.py": 60,
     "tests/test_recalled.py": 60,
+    "tests/test_container_image.py": 70,  # podman, its images cached
     "tests/test_pg_schema.py": 50,
 }
 
