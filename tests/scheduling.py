@@ -17,9 +17,8 @@ from xdist.scheduler import LoadScopeScheduling
 # Seconds each module took in one worker (setup, calls and teardown) in a full
 # `pytest -n 3 --dist loadscope` on a shared 2-core machine under a load of about 25: several
 # times what they take on a quiet one, but only the order matters (test_lifecycle_races.py: its
-# tests' share of test_lifecycle.py's time then). A module not
-# listed (under 50 s there) goes after these, in xdist's own order; a new module that takes
-# minutes belongs here.
+# tests' share of test_lifecycle.py's time then). A module not listed (under 50 s there) goes
+# after these, in xdist's own order; a new module that takes minutes belongs here.
 MEASURED_SECONDS = {
     "tests/test_fuzz.py": 920,
     "tests/test_command_line.py": 550,
