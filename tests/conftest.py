@@ -33,6 +33,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("XDG_CACHE_HOME", str(ROOT / ".pytest_cache" / "xdg"))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown where it is not loaded
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope` with the longest modules sent first (tests/scheduling.py)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from scheduling import LongestModulesFirst  # xdist is there: it calls this hook
+
+    return LongestModulesFirst(config, log)
+
+
 @dataclass
 class FakeFunes:
     """The funes stand-in installed as an executable in its own folder; its calls and events
