@@ -58,7 +58,7 @@ def load_by_backfill(
 ) -> dict[str, float]:
     source = workdir / "history.jsonl"
     source.write_text("".join(json.dumps(body) + "\n" for body in bodies))
-    command = [sys.executable, str(ROOT / "recall_server.py"), "backfill", str(source)]
+    command = [*live.command, "backfill", str(source)]
     started, peak = time.monotonic(), 0.0
     with subprocess.Popen(command, env=live.env, stderr=subprocess.PIPE, text=True) as child:
         while child.poll() is None:

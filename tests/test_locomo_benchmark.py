@@ -16,8 +16,10 @@ from benchmark.locomo import (
     is_hit,
     measure_locomo,
     score,
+    session_hit,
     session_ts,
     to_history,
+    turn_recall,
 )
 from benchmark.report import write_report
 from recall.domain.answers import NEAR_MISSES, NEVER_MENTIONED, NOTHING_FOUND
@@ -194,6 +196,72 @@ def test_scores_per_category_with_evidence_recall_and_false_positives() -> None:
     assert fp["k8"]["all"]["queries"] == 1 + len(history.off_topic)
 
 
+# A ranked list as the audit serves it: each passage's own (conversation, turn), best first.
+RANKED = [
+    ("session-1", "D1-1"),
+    ("session-1", "D1-2"),
+    ("session-1", "D1-4"),
+    ("session-3", "D3-1"),
+    ("session-2", "D2-2"),
+    ("session-1", "D1-5"),
+    ("session-4", "D4-1"),
+    ("session-4", "D4-2"),
+    ("session-5", "D5-1"),
+    ("session-1", "D1-3"),
+    ("session-2", "D2-1"),  # eleventh: beyond R@10
+]
+
+
+def test_turn_recall_is_the_share_of_evidence_turns_among_the_top_k_ranked_turns() -> None:
+    evidence = (("session-2", "D2-2"), ("session-1", "D1-3"), ("session-2", "D2-1"))
+
+    assert turn_recall(RANKED, evidence, 4) == 0.0
+    assert turn_recall(RANKED, evidence, 5) == 1 / 3  # D2-2 is fifth
+    assert turn_recall(RANKED, evidence, 10) == 2 / 3  # D1-3 is tenth, D2-1 eleventh
+    assert turn_recall(RANKED, (("session-1", "D1-1"),), 1) == 1.0
+    # a turn of the same session is not the evidence turn; no evidence: a miss
+    assert turn_recall(RANKED, (("session-3", "D3-2"),), 10) == 0.0
+    assert turn_recall(RANKED, (), 10) == 0.0
+
+
+def test_session_hit_reads_distinct_sessions_in_rank_order() -> None:
+    # distinct sessions in rank order: 1, 3, 2, 4, 5
+    assert session_hit(RANKED, (("session-1", "D1-9"),), 1)
+    assert not session_hit(RANKED, (("session-2", "D2-9"),), 2)
+    assert session_hit(RANKED, (("session-2", "D2-9"),), 3)  # fifth turn, third session
+    assert session_hit(RANKED, (("session-5", "D5-9"),), 5)  # ninth turn, fifth session
+    assert not session_hit(RANKED, (("session-6", "D6-1"),), 5)
+
+
+def test_the_field_metrics_read_the_served_turns_in_rank_order_never_their_neighbours() -> None:
+    history = to_history(sample())
+    # At k=10 the answer's text shows every evidence turn (the pottery passage with its
+    # neighbours), but the audit served one passage: D1-3's own turn.
+    everything = "\n".join(
+        f"Ada: {text}" for text in (POTTERY, "Busy! The kiln arrives on Friday.",
+                                    "How is the new studio going?")
+    )  # fmt: skip
+    asked = 4 + len(history.off_topic)
+    nothing = Answers([NOTHING_FOUND] * asked, [1.0] * asked, [[]] * asked)
+    served = [[("session-1", "D1-3")], [("session-1", "D1-3")], [("session-2", "D2-1")]]
+    at_10 = Answers(
+        [everything] * asked, [1.0] * asked, served + [[("session-1", "D1-3")]] * (asked - 3)
+    )
+    answers = {3: {history.user: nothing}, 8: {history.user: nothing}, 10: {history.user: at_10}}
+
+    rows = score([history], answers)["figures"]["by_category"]
+
+    # single-hop: its one evidence turn D1-3 served first
+    field = ("R@5", "R@10", "session_hit@1", "session_hit@5")
+    assert {m: rows["single-hop"][m] for m in field} == dict.fromkeys(field, 1.0)
+    # temporal: evidence D2-2, D1-3, D2-1; only D1-3 served (its neighbours in the text: no)
+    assert rows["temporal"]["R@5"] == 0.333 and rows["temporal"]["R@10"] == 0.333
+    assert rows["temporal"]["session_hit@1"] == 1.0
+    # multi-hop: no evidence resolved: a miss, whatever was served
+    assert rows["multi-hop"]["R@10"] == 0.0 and rows["multi-hop"]["session_hit@5"] == 0.0
+    assert rows["overall"]["R@5"] == 0.444 and rows["overall"]["session_hit@1"] == 0.667
+
+
 def test_near_misses_under_their_label_are_counted_apart_from_false_positives() -> None:
     history = to_history(sample())
     block = f"[2023-05-08 13:56 UTC] user\nAda: {POTTERY}\n---\n"
@@ -236,6 +304,7 @@ def test_a_run_through_the_tool_finds_the_evidence_and_measures_false_positives(
     through_the_tool: dict[str, Any],
 ) -> None:
     assert through_the_tool["by_category"]["single-hop"]["hit@8"] == 1.0
+    assert through_the_tool["by_category"]["single-hop"]["R@5"] == 1.0  # read from the audit
     assert through_the_tool["by_category"]["overall"]["questions"] == 3
     assert through_the_tool["unavailable_answers"] == 0
     off_topic = len(to_history(sample()).off_topic)
