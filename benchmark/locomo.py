@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import hashlib
 import json
 import os
 import re
@@ -539,10 +540,12 @@ def measure_locomo(
     post: bool = False,
     store: str = "files",
     server_tree: Path | None = None,
+    keep: dict[int, dict[str, Answers]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The recorded run: load through the backfill (or POST /turns), ask through the MCP tool.
     ``store`` "postgres": the server on STORE=postgres with a database of its own, loaded by
-    POST /turns; ``server_tree``: the server of that checkout (its .venv), not this one's.
+    POST /turns; ``server_tree``: the server of that checkout (its .venv), not this one's;
+    ``keep``: filled with the answers, to compare two runs answer by answer.
 
     Returns (figures, misses)."""
     histories = load_locomo(path)
@@ -569,6 +572,8 @@ def measure_locomo(
                     return {h.user: await ask_tool(live, h) for h in histories}
 
                 answers[k] = asyncio.run(ask_all())
+    if keep is not None:
+        keep.update(answers)
     scored = score(histories, answers)
     figures = {"benchmark": "locomo", "engine": engine, "mode": "MCP tool, real server"}
     figures |= {"store": store, "server": str(server_tree or ROOT), "data": path.name}
@@ -843,23 +848,42 @@ def main(argv: list[str] | None = None) -> int:
         help="through a server: start the server of this checkout (its .venv), e.g. an older "
         "version, and measure it with this checkout's metrics",
     )
-    parser.add_argument("--out", type=Path, help="also write the figures (JSON) to this file")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write the figures (JSON) to this file and, through a server, each answer's "
+        "SHA-256 and served passages to OUT.answers.local.json (to compare two runs)",
+    )
     args = parser.parse_args(argv)
     if args.server_tree and args.fast:
         parser.error("--server-tree measures a server: leave out --fast")
     started = time.monotonic()
+    kept: dict[int, dict[str, Answers]] = {}
     if args.fast and args.store == "postgres":
         runs = measure_both(args.data, args.model_dir)
     elif args.fast:
         runs = [measure_in_process(args.data, args.model_dir)]
     else:
-        runs = [measure_locomo(args.data, store=args.store, server_tree=args.server_tree)]
+        runs = [
+            measure_locomo(args.data, store=args.store, server_tree=args.server_tree, keep=kept)
+        ]
     for figures, misses in runs:
         stamp(figures, started)
         print(f"\n=== {figures['engine']} ===")
         print_figures(figures, misses)
     if args.out:
         args.out.write_text(json.dumps([figures for figures, _ in runs], indent=1) + "\n")
+        digests = {
+            k: {
+                user: [
+                    {"sha256": hashlib.sha256(text.encode()).hexdigest(), "served": served}
+                    for text, served in zip(got.texts, got.served, strict=True)
+                ]
+                for user, got in by_user.items()
+            }
+            for k, by_user in kept.items()
+        }
+        args.out.with_suffix(".answers.local.json").write_text(json.dumps(digests) + "\n")
     return 0
 
 
