@@ -50,6 +50,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -97,6 +98,7 @@ SETTINGS_AT = {
 # The ranked list the field's metrics read: the served passages of the k=10 run, in rank order.
 RANKED = 10
 TURN_RECALL_AT = (5, 10)  # turn-level R@k
+NDCG_AT = 10  # turn-level NDCG@k, binary relevance on the evidence turns
 SESSION_HIT_AT = (1, 5)  # session-level hit@k
 MISS_EXAMPLES = 5  # per category, printed
 
@@ -346,6 +348,19 @@ def turn_recall(ranked: list[Where], evidence: tuple[Where, ...], k: int) -> flo
     return sum(turn in top for turn in evidence) / len(evidence) if evidence else 0.0
 
 
+def turn_ndcg(ranked: list[Where], evidence: tuple[Where, ...], k: int) -> float:
+    """Turn-level NDCG@k with binary relevance: each evidence turn among the top ``k`` ranked
+    turns gains 1 / log2(rank + 1), counted once; divided by the gain of a list that ranks the
+    evidence first (0 when no evidence resolved)."""
+    wanted, seen, gain = set(evidence), set(), 0.0
+    for rank, turn in enumerate(ranked[:k], start=1):
+        if turn in wanted and turn not in seen:
+            seen.add(turn)
+            gain += 1 / math.log2(rank + 1)
+    ideal = sum(1 / math.log2(rank + 1) for rank in range(1, min(len(wanted), k) + 1))
+    return gain / ideal if ideal else 0.0
+
+
 def session_hit(ranked: list[Where], evidence: tuple[Where, ...], k: int) -> bool:
     """Session-level hit@k: an evidence turn's session is among the first ``k`` distinct
     sessions of the ranked turns, in rank order."""
@@ -364,6 +379,8 @@ def field_metrics(histories: list[LocomoHistory], ranked: dict[str, Answers]) ->
                 row["questions"] += 1
                 for k in TURN_RECALL_AT:
                     row[f"R@{k}"] = row.get(f"R@{k}", 0.0) + turn_recall(served, question.turns, k)
+                ndcg = turn_ndcg(served, question.turns, NDCG_AT)
+                row[f"NDCG@{NDCG_AT}"] = row.get(f"NDCG@{NDCG_AT}", 0.0) + ndcg
                 for k in SESSION_HIT_AT:
                     hit = session_hit(served, question.turns, k)
                     row[f"session_hit@{k}"] = row.get(f"session_hit@{k}", 0.0) + hit
@@ -755,6 +772,7 @@ def _pct(value: float | None) -> str:
 # The field's metrics, as the table names them (turn-level R@k, session-level hit@k)
 FIELD = (
     *(f"R@{k}" for k in TURN_RECALL_AT),
+    f"NDCG@{NDCG_AT}",
     *(f"session_hit@{k}" for k in SESSION_HIT_AT),
 )
 

@@ -4,6 +4,7 @@ data never enters the repository), and one run through a real server and the MCP
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from benchmark.locomo import (
     session_hit,
     session_ts,
     to_history,
+    turn_ndcg,
     turn_recall,
 )
 from benchmark.report import write_report
@@ -224,6 +226,22 @@ def test_turn_recall_is_the_share_of_evidence_turns_among_the_top_k_ranked_turns
     assert turn_recall(RANKED, (), 10) == 0.0
 
 
+def test_ndcg_gains_each_evidence_turn_by_its_rank_against_the_evidence_ranked_first() -> None:
+    two = (("session-2", "D2-2"), ("session-1", "D1-3"))  # fifth and tenth in RANKED
+
+    # gains 1/log2(6) + 1/log2(11), ideal 1/log2(2) + 1/log2(3)
+    found = 1 / math.log2(6) + 1 / math.log2(11)
+    assert turn_ndcg(RANKED, two, 10) == pytest.approx(found / (1 + 1 / math.log2(3)))
+    assert turn_ndcg(RANKED, two, 9) == pytest.approx((1 / math.log2(6)) / (1 + 1 / math.log2(3)))
+    assert turn_ndcg(RANKED, (("session-1", "D1-1"),), 10) == 1.0  # first: ideal
+    # an evidence turn ranked twice gains once; eleven evidence turns: the ideal stops at k
+    assert turn_ndcg([RANKED[0], RANKED[0]], (RANKED[0], RANKED[4]), 10) == pytest.approx(
+        1 / (1 + 1 / math.log2(3))
+    )
+    assert turn_ndcg(RANKED, tuple(RANKED), 10) == 1.0
+    assert turn_ndcg(RANKED, (), 10) == 0.0
+
+
 def test_session_hit_reads_distinct_sessions_in_rank_order() -> None:
     # distinct sessions in rank order: 1, 3, 2, 4, 5
     assert session_hit(RANKED, (("session-1", "D1-9"),), 1)
@@ -260,6 +278,10 @@ def test_the_field_metrics_read_the_served_turns_in_rank_order_never_their_neigh
     # multi-hop: no evidence resolved: a miss, whatever was served
     assert rows["multi-hop"]["R@10"] == 0.0 and rows["multi-hop"]["session_hit@5"] == 0.0
     assert rows["overall"]["R@5"] == 0.444 and rows["overall"]["session_hit@1"] == 0.667
+    # NDCG@10: 1 (single-hop), D1-3 first of three evidence turns (temporal), 0 (multi-hop)
+    temporal = 1 / (1 + 1 / math.log2(3) + 1 / math.log2(4))
+    assert rows["temporal"]["NDCG@10"] == round(temporal, 3)
+    assert rows["overall"]["NDCG@10"] == round((1 + temporal) / 3, 3)
 
 
 def test_near_misses_under_their_label_are_counted_apart_from_false_positives() -> None:
