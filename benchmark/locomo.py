@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import hashlib
 import json
 import math
 import os
@@ -64,7 +63,14 @@ from typing import Any
 
 from fastmcp import Client
 
-from benchmark.common import load_by_backfill, machine, postgres, timing
+from benchmark.common import (
+    answer_record,
+    load_by_backfill,
+    machine,
+    postgres,
+    timing,
+    write_out,
+)
 from devtools.testing import ROOT, LocalServer, make_server, server_command
 from recall.app.answers import MAX_QUERY_CHARS
 from recall.domain.answers import (
@@ -890,18 +896,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n=== {figures['engine']} ===")
         print_figures(figures, misses)
     if args.out:
-        args.out.write_text(json.dumps([figures for figures, _ in runs], indent=1) + "\n")
         digests = {
-            k: {
+            str(k): {
                 user: [
-                    {"sha256": hashlib.sha256(text.encode()).hexdigest(), "served": served}
+                    answer_record(text, served=served)
                     for text, served in zip(got.texts, got.served, strict=True)
                 ]
                 for user, got in by_user.items()
             }
             for k, by_user in kept.items()
         }
-        args.out.with_suffix(".answers.local.json").write_text(json.dumps(digests) + "\n")
+        write_out(args.out, [figures for figures, _ in runs], digests)
     return 0
 
 
