@@ -20,6 +20,10 @@ import psutil
 
 from devtools.testing import ROOT, LocalServer
 
+# The benchmark servers' ceiling on an index run: a history's first run embeds hundreds of turns,
+# and on a shared machine that takes longer than the server's default 300 s (the run would fail).
+INDEX_TIMEOUT = "3600"
+
 
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)

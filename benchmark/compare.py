@@ -21,8 +21,6 @@ from typing import Any
 
 from benchmark.common import answers_path
 
-# Figures not worth a row: the runs' settings, and texts of the data (the synthetic misses)
-LEFT_OUT = ("settings", "misses")
 Digests = dict[tuple[str, ...], dict[str, Any]]  # an answer's place -> its record
 
 
@@ -47,8 +45,7 @@ def numbers(tree: Any, place: str = "") -> Iterator[tuple[str, float]]:
         yield place, tree
     elif isinstance(tree, dict):
         for key, value in tree.items():
-            if not str(key).startswith(LEFT_OUT):
-                yield from numbers(value, f"{place}.{key}" if place else str(key))
+            yield from numbers(value, f"{place}.{key}" if place else str(key))
     elif isinstance(tree, list):
         for number, value in enumerate(tree):
             yield from numbers(value, f"{place}[{number}]")

@@ -64,6 +64,7 @@ from typing import Any
 from fastmcp import Client
 
 from benchmark.common import (
+    INDEX_TIMEOUT,
     answer_record,
     load_by_backfill,
     machine,
@@ -503,6 +504,7 @@ def locomo_server(
     command: tuple[str, ...] | None = None,
 ) -> LocalServer:
     settings = {"ENGINE": engine, **SETTINGS_AT[k], "LOG_LEVEL": "WARNING"}
+    settings["INDEX_TIMEOUT"] = INDEX_TIMEOUT
     if database_url:
         settings |= {"STORE": "postgres", "DATABASE_URL": database_url}
     return make_server(

@@ -46,6 +46,7 @@ from fastmcp import Client
 
 from benchmark import history_clinic, languages
 from benchmark.common import (
+    INDEX_TIMEOUT,
     answer_record,
     load_by_backfill,
     machine,
@@ -102,6 +103,7 @@ def server(
     settings = {"ENGINE": engine, "RECALL_K": str(k), "MAX_RESULT_CHARS": str(CAP[k])}
     settings.update(env or {})
     settings["LOG_LEVEL"] = "WARNING"
+    settings.setdefault("INDEX_TIMEOUT", INDEX_TIMEOUT)  # a shared machine: see common.py
     if os.environ.get("FUNES_BIN"):
         settings["FUNES_BIN"] = os.environ["FUNES_BIN"]
     if engine == POSTGRES:
