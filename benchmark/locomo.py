@@ -23,10 +23,11 @@ Metrics, per category and overall:
 - the field's metrics, from the passages the server served in rank order (the recall audit's
   `served`: each passage's own conversation and turn, never its neighbours), at RANKED's
   settings (k=10, no passage cut): turn-level R@5 and R@10 as the LoCoMo paper computes them
-  (per question, the share of its evidence turns among the top k ranked turns, averaged) and
-  session-level hit@1 and hit@5 (the first k distinct sessions in rank order hold an evidence
-  turn's session). The hit@k above reads the answer's text, neighbours included, and reads
-  higher (docs: the shared pitfalls, 30);
+  (per question, the share of its evidence turns among the top k ranked turns, averaged),
+  turn-level NDCG@10 (binary relevance on the evidence turns) and session-level hit@1 and
+  hit@5 (the first k distinct sessions in rank order hold an evidence turn's session). The
+  hit@k above reads the answer's text, neighbours included, and reads higher (docs: the shared
+  pitfalls, 30);
 - false positives: the share of queries with nothing to find that still got passages presented as
   a match (not "Nothing relevant found ...", nor only "No earlier conversation mentions ..."):
   each history's category-5 (adversarial) questions, and questions about things the history
@@ -40,7 +41,9 @@ k=10 the field's metrics' (RECALL_CANDIDATES 32, a character cap no answer reach
 
 Through a server (not --fast), `--store postgres` runs the server on STORE=postgres (a
 PostgreSQL of its own, loaded by POST /turns) and `--server-tree PATH` starts the server of
-another checkout (its .venv), so one version's metrics measure another version's ranking.
+another checkout (its .venv), so one version's metrics measure another version's ranking;
+`--out F` writes the figures to F and each answer's SHA-256 (with its served passages) to
+F.answers.local.json, for benchmark/compare.py.
 """
 
 from __future__ import annotations
