@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from benchmark.locomo import (
     turn_recall,
 )
 from benchmark.report import write_report
+from devtools.testing import ROOT
 from recall.domain.answers import NEAR_MISSES, NEVER_MENTIONED, NOTHING_FOUND
 from recall.domain.conversation import parse_conversation
 
@@ -344,6 +346,37 @@ def test_the_in_process_run_answers_like_the_tool(
 
     assert figures["by_category"] == through_the_tool["by_category"]
     assert figures["false_positive"] == through_the_tool["false_positive"]
+
+
+def other_checkout(root: Path, marker: Path) -> Path:
+    """A checkout the benchmark can start by --server-tree: its `.venv/bin/python` (this
+    interpreter) and a `recall_server.py` that notes each start's arguments, then runs ours."""
+    venv = root / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (venv / "python").chmod(0o755)
+    (root / "recall_server.py").write_text(
+        "import runpy, sys\n"
+        f"with open({str(marker)!r}, 'a') as log:\n"
+        "    log.write(' '.join(sys.argv[1:2]) + '\\n')\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        f"runpy.run_path({str(ROOT / 'recall_server.py')!r}, run_name='__main__')\n"
+    )
+    return root
+
+
+def test_server_tree_starts_that_checkouts_server_and_backfill(tmp_path: Path) -> None:
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps([sample()]))
+    started = tmp_path / "started.log"
+    other = other_checkout(tmp_path / "other", started)
+
+    figures, _ = measure_locomo(data, server_tree=other)
+
+    # the backfill, then one server per k (3, 8, 10), all the other checkout's
+    assert started.read_text().splitlines() == ["backfill", "", "", ""]
+    assert figures["server"] == str(other)
+    assert figures["by_category"]["single-hop"]["hit@8"] == 1.0
 
 
 def test_the_readme_gets_the_locomo_table_and_never_reads_a_local_file(tmp_path: Path) -> None:
