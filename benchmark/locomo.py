@@ -469,9 +469,7 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
         for bucket, field_row in field_metrics(histories, answers[RANKED]).items():
             rows[bucket] |= field_row
     ordered = {name: rows[name] for name in [*CATEGORIES.values(), "overall"] if name in rows}
-    evidence = EvidenceCount()
-    for history in histories:
-        evidence.add(history.evidence)
+    evidence = total_evidence(histories)
     all_questions = [q for h in histories for q in h.questions]
     figures = {
         "histories": [h.user for h in histories],
@@ -488,10 +486,28 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
         "more_match_lines": {k: share(n, len(all_questions)) for k, n in more_lines.items()},
         "unavailable_answers": errors,
     }
-    for k in [k for k in SETTINGS_AT if k in answers]:
-        latencies = [ms for history in histories for ms in answers[k][history.user].latencies_ms]
-        figures[f"latency_k{k}"] = timing(latencies)
+    figures |= latency_figures(histories, answers)
     return {"figures": figures, "misses": misses}
+
+
+def total_evidence(histories: list[LocomoHistory]) -> EvidenceCount:
+    evidence = EvidenceCount()
+    for history in histories:
+        evidence.add(history.evidence)
+    return evidence
+
+
+def latency_figures(
+    histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
+) -> dict[str, dict[str, float]]:
+    """The tool call's latency at each k asked, over every query of every history."""
+    return {
+        f"latency_k{k}": timing(
+            [ms for history in histories for ms in answers[k][history.user].latencies_ms]
+        )
+        for k in SETTINGS_AT
+        if k in answers
+    }
 
 
 # --- the tool, through a real server ----------------------------------------------------------
