@@ -1,21 +1,28 @@
 """What the benchmarks share (benchmark/run.py, locomo.py, load.py): timings, the machine they
-ran on, the benchmark's own PostgreSQL, and a history loaded by the backfill command. Imported
-one way only: none of it imports a benchmark."""
+ran on, the benchmark's own PostgreSQL, a history loaded by the backfill command, and the --out
+files two runs are compared by (benchmark/compare.py). Imported one way only: none of it imports
+a benchmark."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from devtools.testing import ROOT, LocalServer
+
+# The benchmark servers' ceiling on an index run: a history's first run embeds hundreds of turns,
+# and on a shared machine that takes longer than the server's default 300 s (the run would fail).
+INDEX_TIMEOUT = "3600"
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -58,7 +65,7 @@ def load_by_backfill(
 ) -> dict[str, float]:
     source = workdir / "history.jsonl"
     source.write_text("".join(json.dumps(body) + "\n" for body in bodies))
-    command = [sys.executable, str(ROOT / "recall_server.py"), "backfill", str(source)]
+    command = [*live.command, "backfill", str(source)]
     started, peak = time.monotonic(), 0.0
     with subprocess.Popen(command, env=live.env, stderr=subprocess.PIPE, text=True) as child:
         while child.poll() is None:
@@ -80,3 +87,25 @@ def machine() -> str:
     return (
         f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB RAM, Python {platform.python_version()}"
     )
+
+
+# --- --out: figures, and each answer's digest beside them, to compare two runs answer by answer --
+
+
+def answer_record(text: str, **extra: Any) -> dict[str, Any]:
+    """An answer as the --out answers file keeps it: its SHA-256 (the text itself may quote
+    research data), with what else the benchmark wants compared (e.g. the served passages)."""
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), **extra}
+
+
+def answers_path(out: Path) -> Path:
+    """The answers file beside an --out figures file: OUT.answers.local.json (a local file, as
+    the digests' served passages name the data's turns)."""
+    return out.with_suffix(".answers.local.json")
+
+
+def write_out(out: Path, figures: Iterable[dict[str, Any]], answers: dict[str, Any]) -> None:
+    """The figures (a JSON list) to ``out``; ``answers`` (nested by run, k, ..., ending in lists
+    of answer_record) to answers_path(out)."""
+    out.write_text(json.dumps(list(figures), indent=1) + "\n")
+    answers_path(out).write_text(json.dumps(answers) + "\n")

@@ -20,6 +20,14 @@ Metrics, per category and overall:
   characters of the text (without the speaker) of at least one of the question's evidence turns;
 - evidence recall@k: per question, the share of its evidence turns found by the same rule,
   averaged over the questions (the LoCoMo paper's retrieval recall, task_eval/evaluation_stats.py);
+- the field's metrics, from the passages the server served in rank order (the recall audit's
+  `served`: each passage's own conversation and turn, never its neighbours), at RANKED's
+  settings (k=10, no passage cut): turn-level R@5 and R@10 as the LoCoMo paper computes them
+  (per question, the share of its evidence turns among the top k ranked turns, averaged),
+  turn-level NDCG@10 (binary relevance on the evidence turns) and session-level hit@1 and
+  hit@5 (the first k distinct sessions in rank order hold an evidence turn's session). The
+  hit@k above reads the answer's text, neighbours included, and reads higher (docs: the shared
+  pitfalls, 30);
 - false positives: the share of queries with nothing to find that still got passages presented as
   a match (not "Nothing relevant found ...", nor only "No earlier conversation mentions ..."):
   each history's category-5 (adversarial) questions, and questions about things the history
@@ -28,7 +36,14 @@ Metrics, per category and overall:
   (recall.domain.answers.NEAR_MISSES: the query's identifiers are in no conversation, the
   passages are the closest to the rest of it), counted apart: they are not presented as a match.
 
-k=3 uses the default settings, k=8 the issue's (RECALL_CANDIDATES 32, MAX_RESULT_CHARS 8000).
+k=3 uses the default settings, k=8 the issue's (RECALL_CANDIDATES 32, MAX_RESULT_CHARS 8000),
+k=10 the field's metrics' (RECALL_CANDIDATES 32, a character cap no answer reaches).
+
+Through a server (not --fast), `--store postgres` runs the server on STORE=postgres (a
+PostgreSQL of its own, loaded by POST /turns) and `--server-tree PATH` starts the server of
+another checkout (its .venv), so one version's metrics measure another version's ranking;
+`--out F` writes the figures to F and each answer's SHA-256 (with its served passages) to
+F.answers.local.json, for benchmark/compare.py.
 """
 
 from __future__ import annotations
@@ -37,6 +52,7 @@ import argparse
 import asyncio
 import functools
 import json
+import math
 import os
 import re
 import sys
@@ -50,8 +66,16 @@ from typing import Any
 
 from fastmcp import Client
 
-from benchmark.common import load_by_backfill, machine, postgres, timing
-from devtools.testing import ROOT, LocalServer, make_server
+from benchmark.common import (
+    INDEX_TIMEOUT,
+    answer_record,
+    load_by_backfill,
+    machine,
+    postgres,
+    timing,
+    write_out,
+)
+from devtools.testing import ROOT, LocalServer, make_server, server_command
 from recall.app.answers import MAX_QUERY_CHARS
 from recall.domain.answers import (
     MORE_MATCH,
@@ -79,7 +103,13 @@ KS = (3, 8)
 SETTINGS_AT = {
     3: {"RECALL_K": "3", "RECALL_CANDIDATES": "8", "MAX_RESULT_CHARS": "4000"},
     8: {"RECALL_K": "8", "RECALL_CANDIDATES": "32", "MAX_RESULT_CHARS": "8000"},
+    10: {"RECALL_K": "10", "RECALL_CANDIDATES": "32", "MAX_RESULT_CHARS": "200000"},
 }
+# The ranked list the field's metrics read: the served passages of the k=10 run, in rank order.
+RANKED = 10
+TURN_RECALL_AT = (5, 10)  # turn-level R@k
+NDCG_AT = 10  # turn-level NDCG@k, binary relevance on the evidence turns
+SESSION_HIT_AT = (1, 5)  # session-level hit@k
 MISS_EXAMPLES = 5  # per category, printed
 
 SESSION_KEY = re.compile(r"session_(\d+)")
@@ -170,6 +200,8 @@ class Question:
     keys: tuple[str, ...]  # evidence_key of each resolved evidence turn; empty: always a miss
     # Every evidence turn shares a photo: the answer may be in the caption, which is not loaded.
     photo_evidence: bool = False
+    # (conversation id, turn id) of each resolved evidence turn, as the server stores them
+    turns: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -226,6 +258,11 @@ def never_mentioned(terms: tuple[str, ...], corpus: str) -> bool:
 
 def to_history(sample: dict[str, Any]) -> LocomoHistory:
     turns = [turn for _, session in sessions(sample) for turn in session]
+    where = {
+        turn["dia_id"]: (f"session-{number}", turn["dia_id"].replace(":", "-"))
+        for number, session in sessions(sample)
+        for turn in session
+    }
     texts = {turn["dia_id"]: turn["text"] for turn in turns}
     photos = {turn["dia_id"] for turn in turns if turn.get("img_url") or turn.get("blip_caption")}
     corpus = "\n".join(texts.values()).lower()
@@ -241,7 +278,8 @@ def to_history(sample: dict[str, Any]) -> LocomoHistory:
                 evidence.questions_without_evidence += 1
             keys = tuple(evidence_key(texts[dia_id]) for dia_id in resolved)
             on_photos = bool(resolved) and all(dia_id in photos for dia_id in resolved)
-            questions.append(Question(qa["question"], category, keys, on_photos))
+            stored = tuple(where[dia_id] for dia_id in resolved)
+            questions.append(Question(qa["question"], category, keys, on_photos, turns=stored))
     return LocomoHistory(
         user=sample["sample_id"],
         bodies=to_bodies(sample),
@@ -267,6 +305,8 @@ class Answers:
 
     texts: list[str]
     latencies_ms: list[float]
+    # per query, (conversation id, turn id) of each served passage in rank order (the audit's)
+    served: list[list[tuple[str, str]]] = field(default_factory=list)
 
 
 def queries(history: LocomoHistory) -> list[str]:
@@ -306,6 +346,63 @@ def first_returned(answer: str) -> str:
     """The first passage's date, role and opening, on one line."""
     lines = [line for line in answer.split("\n---")[0].splitlines() if line.strip()]
     return " ".join(lines[:2])[:160]
+
+
+Where = tuple[str, str]  # a turn as the server stores it: (conversation id, turn id)
+
+
+def turn_recall(ranked: list[Where], evidence: tuple[Where, ...], k: int) -> float:
+    """Turn-level R@k as the LoCoMo paper computes it: the share of the evidence turns among the
+    top ``k`` ranked turns (0 when no evidence resolved)."""
+    top = set(ranked[:k])
+    return sum(turn in top for turn in evidence) / len(evidence) if evidence else 0.0
+
+
+def turn_ndcg(ranked: list[Where], evidence: tuple[Where, ...], k: int) -> float:
+    """Turn-level NDCG@k with binary relevance: each evidence turn among the top ``k`` ranked
+    turns gains 1 / log2(rank + 1), counted once; divided by the gain of a list that ranks the
+    evidence first (0 when no evidence resolved)."""
+    wanted, seen, gain = set(evidence), set(), 0.0
+    for rank, turn in enumerate(ranked[:k], start=1):
+        if turn in wanted and turn not in seen:
+            seen.add(turn)
+            gain += 1 / math.log2(rank + 1)
+    ideal = sum(1 / math.log2(rank + 1) for rank in range(1, min(len(wanted), k) + 1))
+    return gain / ideal if ideal else 0.0
+
+
+def session_hit(ranked: list[Where], evidence: tuple[Where, ...], k: int) -> bool:
+    """Session-level hit@k: an evidence turn's session is among the first ``k`` distinct
+    sessions of the ranked turns, in rank order."""
+    distinct = list(dict.fromkeys(conversation for conversation, _ in ranked))
+    return bool({conversation for conversation, _ in evidence} & set(distinct[:k]))
+
+
+def field_metrics(histories: list[LocomoHistory], ranked: dict[str, Answers]) -> dict[str, dict]:
+    """The field's metrics per category and overall, from the served passages in rank order."""
+    sums: dict[str, dict[str, float]] = {}
+    for history in histories:
+        for question, served in zip(history.questions, ranked[history.user].served, strict=False):
+            name = CATEGORIES[question.category]
+            for bucket in (name, "overall"):
+                row = sums.setdefault(bucket, {"questions": 0})
+                row["questions"] += 1
+                for k in TURN_RECALL_AT:
+                    row[f"R@{k}"] = row.get(f"R@{k}", 0.0) + turn_recall(served, question.turns, k)
+                ndcg = turn_ndcg(served, question.turns, NDCG_AT)
+                row[f"NDCG@{NDCG_AT}"] = row.get(f"NDCG@{NDCG_AT}", 0.0) + ndcg
+                for k in SESSION_HIT_AT:
+                    hit = session_hit(served, question.turns, k)
+                    row[f"session_hit@{k}"] = row.get(f"session_hit@{k}", 0.0) + hit
+    return {
+        bucket: {
+            name: share(value, int(sums[bucket]["questions"]))
+            for name, value in sums[bucket].items()
+            if name != "questions"
+        }
+        for bucket in [*CATEGORIES.values(), "overall"]
+        if bucket in sums
+    }
 
 
 def share(part: float, whole: int) -> float | None:
@@ -368,10 +465,11 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
             | {"near_miss_rate": share(near.get(kind, near_all), whole)}
             for kind, (part, whole) in (*fp.items(), ("all", both))
         }
+    if RANKED in answers:
+        for bucket, field_row in field_metrics(histories, answers[RANKED]).items():
+            rows[bucket] |= field_row
     ordered = {name: rows[name] for name in [*CATEGORIES.values(), "overall"] if name in rows}
-    evidence = EvidenceCount()
-    for history in histories:
-        evidence.add(history.evidence)
+    evidence = total_evidence(histories)
     all_questions = [q for h in histories for q in h.questions]
     figures = {
         "histories": [h.user for h in histories],
@@ -388,22 +486,75 @@ def score(histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
         "more_match_lines": {k: share(n, len(all_questions)) for k, n in more_lines.items()},
         "unavailable_answers": errors,
     }
-    for k in KS:
-        latencies = [ms for history in histories for ms in answers[k][history.user].latencies_ms]
-        figures[f"latency_k{k}"] = timing(latencies)
+    figures |= latency_figures(histories, answers)
     return {"figures": figures, "misses": misses}
+
+
+def total_evidence(histories: list[LocomoHistory]) -> EvidenceCount:
+    evidence = EvidenceCount()
+    for history in histories:
+        evidence.add(history.evidence)
+    return evidence
+
+
+def latency_figures(
+    histories: list[LocomoHistory], answers: dict[int, dict[str, Answers]]
+) -> dict[str, dict[str, float]]:
+    """The tool call's latency at each k asked, over every query of every history."""
+    return {
+        f"latency_k{k}": timing(
+            [ms for history in histories for ms in answers[k][history.user].latencies_ms]
+        )
+        for k in SETTINGS_AT
+        if k in answers
+    }
 
 
 # --- the tool, through a real server ----------------------------------------------------------
 
 
-def locomo_server(workdir: Path, engine: str, k: int, users: list[str]) -> LocalServer:
+def locomo_server(
+    workdir: Path,
+    engine: str,
+    k: int,
+    users: list[str],
+    *,
+    database_url: str | None = None,
+    command: tuple[str, ...] | None = None,
+) -> LocalServer:
     settings = {"ENGINE": engine, **SETTINGS_AT[k], "LOG_LEVEL": "WARNING"}
-    return make_server(workdir, users=users, log_name=f"server-k{k}.log", **settings)
+    settings["INDEX_TIMEOUT"] = INDEX_TIMEOUT
+    if database_url:
+        settings |= {"STORE": "postgres", "DATABASE_URL": database_url}
+    return make_server(
+        workdir, users=users, log_name=f"server-k{k}.log", command=command, **settings
+    )
+
+
+def served_by_audit(live: LocalServer, user: str, asked: int) -> list[list[tuple[str, str]]]:
+    """The served passages of the user's last ``asked`` tool calls, in rank order, from the
+    recall audit (POST /audit): each passage's own (conversation, turn), never its neighbours.
+    Waits a little for the last lines (a store may write them just after answering)."""
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = live.post({"user": user}, route="/audit")
+        if status != 200:
+            raise RuntimeError(f"POST /audit answered {status}: {body}")
+        entries = body["entries"]
+        if len(entries) >= asked or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if len(entries) < asked:
+        raise RuntimeError(f"the audit holds {len(entries)} lines, {asked} tool calls were made")
+    return [
+        [(hit["conversation_id"], hit["turn"]) for hit in entry.get("served", [])]
+        for entry in entries[-asked:]
+    ]
 
 
 async def ask_tool(live: LocalServer, history: LocomoHistory) -> Answers:
-    """Every query of one history through one MCP session with that user's token."""
+    """Every query of one history through one MCP session with that user's token, then what
+    each call served, from the audit."""
     answers = Answers([], [])
     async with Client(f"{live.url}/mcp", auth=live.tokens[history.user]) as client:
         for query in queries(history):
@@ -411,6 +562,7 @@ async def ask_tool(live: LocalServer, history: LocomoHistory) -> Answers:
             result = await client.call_tool("recall_my_conversations", {"query": query})
             answers.latencies_ms.append((time.perf_counter() - started) * 1000)
             answers.texts.append(result.content[0].text)  # type: ignore[union-attr]
+    answers.served = served_by_audit(live, history.user, len(answers.texts))
     return answers
 
 
@@ -426,18 +578,33 @@ def load_by_posting(live: LocalServer, histories: list[LocomoHistory]) -> dict[s
 
 
 def measure_locomo(
-    path: Path, engine: str = "embedded", *, post: bool = False
+    path: Path,
+    engine: str = "embedded",
+    *,
+    post: bool = False,
+    store: str = "files",
+    server_tree: Path | None = None,
+    keep: dict[int, dict[str, Answers]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The recorded run: load through the backfill (or POST /turns), ask through the MCP tool.
+    ``store`` "postgres": the server on STORE=postgres with a database of its own, loaded by
+    POST /turns; ``server_tree``: the server of that checkout (its .venv), not this one's;
+    ``keep``: filled with the answers, to compare two runs answer by answer.
 
     Returns (figures, misses)."""
     histories = load_locomo(path)
     answers: dict[int, dict[str, Answers]] = {}
     loading: dict[str, Any] = {}
+    database_url = postgres().new_database().app_url if store == "postgres" else None
+    post = post or database_url is not None
+    command = server_command(server_tree) if server_tree else None
     with tempfile.TemporaryDirectory(prefix=f"bench-locomo-{engine}-") as tmp:
         workdir = Path(tmp)
-        for k in KS:
-            live = locomo_server(workdir, engine, k, [h.user for h in histories])
+        for k in SETTINGS_AT:
+            users = [h.user for h in histories]
+            live = locomo_server(
+                workdir, engine, k, users, database_url=database_url, command=command
+            )
             if k == KS[0] and not post:
                 bodies = [body for h in histories for body in h.bodies]
                 loading = {"how": "backfill"} | load_by_backfill(live, bodies, workdir)
@@ -449,9 +616,12 @@ def measure_locomo(
                     return {h.user: await ask_tool(live, h) for h in histories}
 
                 answers[k] = asyncio.run(ask_all())
+    if keep is not None:
+        keep.update(answers)
     scored = score(histories, answers)
     figures = {"benchmark": "locomo", "engine": engine, "mode": "MCP tool, real server"}
-    figures |= {"data": path.name, "settings": SETTINGS_AT, "load": loading}
+    figures |= {"store": store, "server": str(server_tree or ROOT), "data": path.name}
+    figures |= {"settings": SETTINGS_AT, "load": loading}
     return figures | scored["figures"], scored["misses"]
 
 
@@ -470,6 +640,8 @@ async def ask(
         found = await recall(query.strip()[:MAX_QUERY_CHARS])
         answers.latencies_ms.append((time.perf_counter() - started) * 1000)
         answers.texts.append(found.text[:cap] or NOTHING_FOUND)
+        shown = found.cut(cap).passages
+        answers.served.append([(passage.conversation_id, passage.turn_id) for passage in shown])
     return answers
 
 
@@ -624,6 +796,14 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+# The field's metrics, as the table names them (turn-level R@k, session-level hit@k)
+FIELD = (
+    *(f"R@{k}" for k in TURN_RECALL_AT),
+    f"NDCG@{NDCG_AT}",
+    *(f"session_hit@{k}" for k in SESSION_HIT_AT),
+)
+
+
 def table(figures: dict[str, Any]) -> str:
     """The per-category table and the false-positive line, as printed and in the README."""
     lines = [
@@ -636,6 +816,11 @@ def table(figures: dict[str, Any]) -> str:
             f"| {label} | {row['questions']} | {_pct(row['hit@3'])} | {_pct(row['hit@8'])} "
             f"| {_pct(row['evidence_recall@3'])} | {_pct(row['evidence_recall@8'])} |"
         )
+    if any(FIELD[0] in row for row in figures["by_category"].values()):
+        lines += ["", f"| category | {' | '.join(FIELD)} |", "| --- |" + " --- |" * len(FIELD)]
+        for name, row in figures["by_category"].items():
+            label = f"**{name}**" if name == "overall" else name
+            lines.append(f"| {label} | " + " | ".join(_pct(row.get(m)) for m in FIELD) + " |")
     fp = figures["false_positive"]
     lines += [
         "",
@@ -700,20 +885,49 @@ def main(argv: list[str] | None = None) -> int:
         choices=("files", "postgres"),
         default="files",
         help="with --fast: postgres runs the PostgreSQL store too (DATABASE_URL, else one of its "
-        "own) and prints both",
+        "own) and prints both; without: the server on STORE=postgres, a database of its own",
+    )
+    parser.add_argument(
+        "--server-tree",
+        type=Path,
+        help="through a server: start the server of this checkout (its .venv), e.g. an older "
+        "version, and measure it with this checkout's metrics",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write the figures (JSON) to this file and, through a server, each answer's "
+        "SHA-256 and served passages to OUT.answers.local.json (to compare two runs)",
     )
     args = parser.parse_args(argv)
+    if args.server_tree and args.fast:
+        parser.error("--server-tree measures a server: leave out --fast")
     started = time.monotonic()
+    kept: dict[int, dict[str, Answers]] = {}
     if args.fast and args.store == "postgres":
         runs = measure_both(args.data, args.model_dir)
     elif args.fast:
         runs = [measure_in_process(args.data, args.model_dir)]
     else:
-        runs = [measure_locomo(args.data)]
+        runs = [
+            measure_locomo(args.data, store=args.store, server_tree=args.server_tree, keep=kept)
+        ]
     for figures, misses in runs:
         stamp(figures, started)
         print(f"\n=== {figures['engine']} ===")
         print_figures(figures, misses)
+    if args.out:
+        digests = {
+            str(k): {
+                user: [
+                    answer_record(text, served=served)
+                    for text, served in zip(got.texts, got.served, strict=True)
+                ]
+                for user, got in by_user.items()
+            }
+            for k, by_user in kept.items()
+        }
+        write_out(args.out, [figures for figures, _ in runs], digests)
     return 0
 
 

@@ -7,6 +7,8 @@
     python -m benchmark.run --history clinic --sizes 300  # the held-out history (history_clinic.py)
     python -m benchmark.run --history de es zh --sizes 80 --no-save  # other languages (issue 24)
     python -m benchmark.run --history zh --sizes 80 --env EMBED_MODEL=... --no-save
+    python -m benchmark.run --history clinic --sizes 300 --no-save --server-tree ../old \
+        --out /tmp/clinic-old.json   # another checkout's server; compare: benchmark/compare.py
 
 Per size and engine: the history (benchmark/history.py) is loaded the way production loads it,
 through POST /turns for small sizes and through `recall-server backfill` for large ones; then a
@@ -16,6 +18,11 @@ A hit means the expected answer string is in the text the tool returned. Also me
 latency end to end (MCP call) and for the engine alone (in-process), server RSS with the index
 cached, time and peak RSS of the backfill, disk per user, and how long a new conversation takes
 to become searchable after its 202. funes runs when FUNES_BIN points at a binary.
+
+`--server-tree PATH` starts the server of another checkout (its .venv) and measures it with this
+checkout's questions (the engine-alone figures are left out: they would be this checkout's);
+`--out F` writes the figures to F and each answer's SHA-256, by run, k, mode and question, to
+F.answers.local.json, so that benchmark/compare.py can tell two runs' answers apart.
 """
 
 from __future__ import annotations
@@ -38,9 +45,18 @@ from typing import Any
 from fastmcp import Client
 
 from benchmark import history_clinic, languages
-from benchmark.common import load_by_backfill, machine, postgres, timing, tree_rss_mb
+from benchmark.common import (
+    INDEX_TIMEOUT,
+    answer_record,
+    load_by_backfill,
+    machine,
+    postgres,
+    timing,
+    tree_rss_mb,
+    write_out,
+)
 from benchmark.history import History, Question, generate
-from devtools.testing import ROOT, LocalServer, make_server
+from devtools.testing import ROOT, LocalServer, make_server, server_command
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.files.engines.factory import make_engine
 from recall.files.layout import write_conversation
@@ -48,6 +64,7 @@ from recall.settings import Settings
 
 RESULTS = ROOT / "benchmark" / "results"
 SIZES = (1_000, 3_000, 10_000)
+ANSWERS = "answers_"  # the prefix of a result's answer digests (ask)
 POST_UP_TO = 1_000  # larger histories go through the backfill command, as an operator would
 USER = "bench-user"
 CAP = {3: 4_000, 8: 12_000}  # k=8 needs room for eight passages (the brief: raise both together)
@@ -79,17 +96,21 @@ def server(
     k: int,
     database_url: str | None = None,
     env: dict[str, str] | None = None,
+    command: tuple[str, ...] | None = None,
 ) -> LocalServer:
-    """A benchmark server; ``env`` adds settings (``--env``, e.g. another EMBED_MODEL)."""
+    """A benchmark server; ``env`` adds settings (``--env``, e.g. another EMBED_MODEL);
+    ``command`` another checkout's server (server_command)."""
     settings = {"ENGINE": engine, "RECALL_K": str(k), "MAX_RESULT_CHARS": str(CAP[k])}
     settings.update(env or {})
     settings["LOG_LEVEL"] = "WARNING"
+    settings.setdefault("INDEX_TIMEOUT", INDEX_TIMEOUT)  # a shared machine: see common.py
     if os.environ.get("FUNES_BIN"):
         settings["FUNES_BIN"] = os.environ["FUNES_BIN"]
     if engine == POSTGRES:
         assert database_url is not None
         settings.update(ENGINE="embedded", STORE="postgres", DATABASE_URL=database_url)
-    return make_server(workdir, users=[USER], log_name=f"server-k{k}.log", **settings)
+    log_name = f"server-k{k}.log"
+    return make_server(workdir, users=[USER], log_name=log_name, command=command, **settings)
 
 
 def load_into_postgres(
@@ -104,7 +125,7 @@ def load_into_postgres(
     for body in bodies:
         write_conversation(home, parse_conversation(body))
     figures = {"load_s": round(time.monotonic() - started, 1)}
-    command = [sys.executable, str(ROOT / "recall_server.py"), "import", str(data_dir)]
+    command = [*live.command, "import", str(data_dir)]
     env = {**live.env, "DATABASE_URL": owner_url}
     subprocess.run(command, env=env, check=True, capture_output=True)
     figures["import_s"] = round(time.monotonic() - started - figures["load_s"], 1)
@@ -128,6 +149,7 @@ async def ask(
     figures' names end in ``label`` (the month questions: "_month")."""
     figures: dict[str, Any] = {}
     misses: list[dict[str, str]] = []
+    answers: dict[str, list[dict[str, Any]]] = {}
     async with Client(f"{live.url}/mcp", auth=live.tokens[USER]) as client:
         for mode in ("long", "short"):
             hits, latencies = 0, []
@@ -137,6 +159,7 @@ async def ask(
                 result = await client.call_tool("recall_my_conversations", {"query": query})
                 latencies.append((time.perf_counter() - started) * 1000)
                 text = result.content[0].text  # type: ignore[union-attr]
+                answers.setdefault(mode, []).append(answer_record(text, query=query))
                 if q.answer in text:
                     hits += 1
                 else:
@@ -150,6 +173,7 @@ async def ask(
             figures[f"hit@{k}_{mode}{label}"] = round(hits / len(questions), 3)
             figures[f"e2e_k{k}_{mode}{label}"] = timing(latencies)
     figures[f"misses_k{k}{label}"] = misses
+    figures[f"{ANSWERS}k{k}{label}"] = answers  # main takes them out of the figures
     return figures
 
 
@@ -211,9 +235,11 @@ def measure(
     seed: int = 7,
     history_name: str = "ops",
     env: dict[str, str] | None = None,
+    server_tree: Path | None = None,
 ) -> dict[str, Any]:
     """One history on one engine; ``env`` goes into the servers' environment (and should be in
-    this process's too, for the engine-alone figures: ``main`` puts it there)."""
+    this process's too, for the engine-alone figures: ``main`` puts it there); ``server_tree``:
+    the server of that checkout, not this one's (no engine-alone figures then)."""
     make_history, default_questions = HISTORIES[history_name]
     history = make_history(size, seed=seed, questions=questions or default_questions)
     result: dict[str, Any] = {"size": size, "engine": engine, "history": history_name}
@@ -222,10 +248,14 @@ def measure(
     result["questions"] = len(history.questions)
     result["month_questions"] = len(history.month_questions)
     database = postgres().new_database() if engine == POSTGRES else None
+    command = server_command(server_tree) if server_tree else None
+    if server_tree:
+        result["server"] = str(server_tree)
     with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-{size}-") as tmp:
         workdir = Path(tmp)
         for k in (3, 8):
-            live = server(workdir, engine, k, database.app_url if database else None, env)
+            url = database.app_url if database else None
+            live = server(workdir, engine, k, url, env, command)
             if k == 3 and size > POST_UP_TO:
                 if database is None:
                     result.update(load_by_backfill(live, history.conversations, workdir))
@@ -252,7 +282,9 @@ def measure(
                         else database_mb(database.superuser_url)
                     )
                     result["searchable_after_s"] = asyncio.run(freshness(live))
-        if database is None:
+        if server_tree:
+            pass  # in-process figures would measure this checkout, not the server's
+        elif database is None:
             result.update(asyncio.run(engine_alone(workdir / "data", engine, history.questions)))
         else:
             result.update(asyncio.run(store_alone(database.app_url, history.questions)))
@@ -347,6 +379,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"run the LoCoMo benchmark on this file instead (default {locomo.DEFAULT_DATA})",
     )  # fmt: skip
     parser.add_argument("--post", action="store_true", help="LoCoMo: load by POST /turns")
+    parser.add_argument(
+        "--server-tree", type=Path,
+        help="start the server of this checkout (its .venv), e.g. an older version; with --no-save",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path,
+        help="also write the figures to this file and each answer's SHA-256 to "
+        "OUT.answers.local.json (compare two runs: python -m benchmark.compare A B)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     from benchmark.report import hits_table, write_report
 
@@ -357,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(args.env)
     if env and not args.no_save:
         parser.error("--env measures another setting, not the record: add --no-save")
+    if args.server_tree and not args.no_save:
+        parser.error("--server-tree measures another checkout, not the record: add --no-save")
     os.environ.update(env)  # the engine-alone figures build their settings in this process
     if args.locomo:
         for engine in engines:
@@ -364,10 +407,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_save:
             write_report(RESULTS, synthetic_too=False)
         return 0
-    results = []
+    results, answers = [], {}
     for history_name, engine, size in itertools.product(args.history, engines, args.sizes):
         started = time.monotonic()
-        result = measure(size, engine, args.questions, history_name=history_name, env=env)
+        result = measure(
+            size, engine, args.questions, history_name=history_name, env=env,
+            server_tree=args.server_tree,
+        )  # fmt: skip
+        for key in [key for key in result if key.startswith(ANSWERS)]:  # by run and k
+            answers[f"{history_name}-{size}-{engine} {key[len(ANSWERS) :]}"] = result.pop(key)
         result["machine"] = machine()
         result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         result["wall_s"] = round(time.monotonic() - started)
@@ -380,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
             path = RESULTS / f"{name}-{size}.json"
             path.write_text(json.dumps(result, indent=1) + "\n")
     print("\n" + hits_table(results, env))  # one table over every run above
+    if args.out:
+        write_out(args.out, results, answers)
     if not args.no_save:
         write_report(RESULTS)
     return 0

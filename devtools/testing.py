@@ -79,10 +79,18 @@ class LocalServer:
     tokens: dict[str, str]  # user -> bearer token
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    # The program that is the server: this checkout's, or another's (a benchmark comparing two
+    # versions starts the other from its own checkout and venv: see server_command).
+    command: tuple[str, ...] = (sys.executable, str(ROOT / "recall_server.py"))
 
     @classmethod
     def create(
-        cls, data_dir: Path, log_path: Path, tokens: dict[str, str], **settings: str
+        cls,
+        data_dir: Path,
+        log_path: Path,
+        tokens: dict[str, str],
+        command: tuple[str, ...] | None = None,
+        **settings: str,
     ) -> LocalServer:
         env = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
         env.update(
@@ -92,7 +100,10 @@ class LocalServer:
             DATA_DIR=str(data_dir),
             **settings,
         )
-        return cls(data_dir=data_dir, env=env, tokens=tokens, log_path=log_path)
+        server = cls(data_dir=data_dir, env=env, tokens=tokens, log_path=log_path)
+        if command:
+            server.command = command
+        return server
 
     @property
     def url(self) -> str:
@@ -110,11 +121,11 @@ class LocalServer:
         while True:
             logged = self.log_path.stat().st_size if self.log_path.exists() else 0
             self.process = subprocess.Popen(
-                [sys.executable, str(ROOT / "recall_server.py")],
+                list(self.command),
                 env=self.env,
                 stdout=open(self.log_path, "ab"),  # noqa: SIM115 - the child owns it
                 stderr=subprocess.STDOUT,
-                cwd=ROOT,
+                cwd=Path(self.command[-1]).parent,
             )
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
@@ -135,7 +146,8 @@ class LocalServer:
         """Another server (not yet started) with these settings, key and tokens on a port of its
         own: with STORE=postgres, a second replica of the same service."""
         env = {**self.env, "PORT": str(free_port())}
-        return LocalServer(self.data_dir, env, self.tokens, self.log_path.with_name(log_name))
+        log_path = self.log_path.with_name(log_name)
+        return LocalServer(self.data_dir, env, self.tokens, log_path, command=self.command)
 
     @property
     def store(self) -> str:
@@ -239,6 +251,7 @@ def make_server(
     *,
     users: Iterable[str] = ("alice", "bob"),
     log_name: str = "server.log",
+    command: tuple[str, ...] | None = None,
     **settings: str,
 ) -> LocalServer:
     """A server (not yet started) with its data in ``workdir/data``, a generated ingest key and a
@@ -249,8 +262,13 @@ def make_server(
     tokens_file.write_text(json.dumps({token: user for user, token in tokens.items()}))
     defaults = {"INGEST_KEY": secrets.token_hex(16), "AUTH_TOKENS_FILE": str(tokens_file)}
     return LocalServer.create(
-        workdir / "data", workdir / log_name, tokens, **{**defaults, **settings}
+        workdir / "data", workdir / log_name, tokens, command, **{**defaults, **settings}
     )
+
+
+def server_command(checkout: Path) -> tuple[str, ...]:
+    """The server of another checkout, run by its own venv's Python (``checkout/.venv``)."""
+    return (str(checkout / ".venv" / "bin" / "python"), str(checkout / "recall_server.py"))
 
 
 # --- deploy/nginx.conf in front of local replicas (the replicas' tests and benchmark) ----------

@@ -4,6 +4,8 @@ data never enters the repository), and one run through a real server and the MCP
 from __future__ import annotations
 
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +18,14 @@ from benchmark.locomo import (
     is_hit,
     measure_locomo,
     score,
+    session_hit,
     session_ts,
     to_history,
+    turn_ndcg,
+    turn_recall,
 )
 from benchmark.report import write_report
+from devtools.testing import ROOT
 from recall.domain.answers import NEAR_MISSES, NEVER_MENTIONED, NOTHING_FOUND
 from recall.domain.conversation import parse_conversation
 
@@ -194,6 +200,92 @@ def test_scores_per_category_with_evidence_recall_and_false_positives() -> None:
     assert fp["k8"]["all"]["queries"] == 1 + len(history.off_topic)
 
 
+# A ranked list as the audit serves it: each passage's own (conversation, turn), best first.
+RANKED = [
+    ("session-1", "D1-1"),
+    ("session-1", "D1-2"),
+    ("session-1", "D1-4"),
+    ("session-3", "D3-1"),
+    ("session-2", "D2-2"),
+    ("session-1", "D1-5"),
+    ("session-4", "D4-1"),
+    ("session-4", "D4-2"),
+    ("session-5", "D5-1"),
+    ("session-1", "D1-3"),
+    ("session-2", "D2-1"),  # eleventh: beyond R@10
+]
+
+
+def test_turn_recall_is_the_share_of_evidence_turns_among_the_top_k_ranked_turns() -> None:
+    evidence = (("session-2", "D2-2"), ("session-1", "D1-3"), ("session-2", "D2-1"))
+
+    assert turn_recall(RANKED, evidence, 4) == 0.0
+    assert turn_recall(RANKED, evidence, 5) == 1 / 3  # D2-2 is fifth
+    assert turn_recall(RANKED, evidence, 10) == 2 / 3  # D1-3 is tenth, D2-1 eleventh
+    assert turn_recall(RANKED, (("session-1", "D1-1"),), 1) == 1.0
+    # a turn of the same session is not the evidence turn; no evidence: a miss
+    assert turn_recall(RANKED, (("session-3", "D3-2"),), 10) == 0.0
+    assert turn_recall(RANKED, (), 10) == 0.0
+
+
+def test_ndcg_gains_each_evidence_turn_by_its_rank_against_the_evidence_ranked_first() -> None:
+    two = (("session-2", "D2-2"), ("session-1", "D1-3"))  # fifth and tenth in RANKED
+
+    # gains 1/log2(6) + 1/log2(11), ideal 1/log2(2) + 1/log2(3)
+    found = 1 / math.log2(6) + 1 / math.log2(11)
+    assert turn_ndcg(RANKED, two, 10) == pytest.approx(found / (1 + 1 / math.log2(3)))
+    assert turn_ndcg(RANKED, two, 9) == pytest.approx((1 / math.log2(6)) / (1 + 1 / math.log2(3)))
+    assert turn_ndcg(RANKED, (("session-1", "D1-1"),), 10) == 1.0  # first: ideal
+    # an evidence turn ranked twice gains once; eleven evidence turns: the ideal stops at k
+    assert turn_ndcg([RANKED[0], RANKED[0]], (RANKED[0], RANKED[4]), 10) == pytest.approx(
+        1 / (1 + 1 / math.log2(3))
+    )
+    assert turn_ndcg(RANKED, tuple(RANKED), 10) == 1.0
+    assert turn_ndcg(RANKED, (), 10) == 0.0
+
+
+def test_session_hit_reads_distinct_sessions_in_rank_order() -> None:
+    # distinct sessions in rank order: 1, 3, 2, 4, 5
+    assert session_hit(RANKED, (("session-1", "D1-9"),), 1)
+    assert not session_hit(RANKED, (("session-2", "D2-9"),), 2)
+    assert session_hit(RANKED, (("session-2", "D2-9"),), 3)  # fifth turn, third session
+    assert session_hit(RANKED, (("session-5", "D5-9"),), 5)  # ninth turn, fifth session
+    assert not session_hit(RANKED, (("session-6", "D6-1"),), 5)
+
+
+def test_the_field_metrics_read_the_served_turns_in_rank_order_never_their_neighbours() -> None:
+    history = to_history(sample())
+    # At k=10 the answer's text shows every evidence turn (the pottery passage with its
+    # neighbours), but the audit served one passage: D1-3's own turn.
+    everything = "\n".join(
+        f"Ada: {text}" for text in (POTTERY, "Busy! The kiln arrives on Friday.",
+                                    "How is the new studio going?")
+    )  # fmt: skip
+    asked = 4 + len(history.off_topic)
+    nothing = Answers([NOTHING_FOUND] * asked, [1.0] * asked, [[]] * asked)
+    served = [[("session-1", "D1-3")], [("session-1", "D1-3")], [("session-2", "D2-1")]]
+    at_10 = Answers(
+        [everything] * asked, [1.0] * asked, served + [[("session-1", "D1-3")]] * (asked - 3)
+    )
+    answers = {3: {history.user: nothing}, 8: {history.user: nothing}, 10: {history.user: at_10}}
+
+    rows = score([history], answers)["figures"]["by_category"]
+
+    # single-hop: its one evidence turn D1-3 served first
+    field = ("R@5", "R@10", "session_hit@1", "session_hit@5")
+    assert {m: rows["single-hop"][m] for m in field} == dict.fromkeys(field, 1.0)
+    # temporal: evidence D2-2, D1-3, D2-1; only D1-3 served (its neighbours in the text: no)
+    assert rows["temporal"]["R@5"] == 0.333 and rows["temporal"]["R@10"] == 0.333
+    assert rows["temporal"]["session_hit@1"] == 1.0
+    # multi-hop: no evidence resolved: a miss, whatever was served
+    assert rows["multi-hop"]["R@10"] == 0.0 and rows["multi-hop"]["session_hit@5"] == 0.0
+    assert rows["overall"]["R@5"] == 0.444 and rows["overall"]["session_hit@1"] == 0.667
+    # NDCG@10: 1 (single-hop), D1-3 first of three evidence turns (temporal), 0 (multi-hop)
+    temporal = 1 / (1 + 1 / math.log2(3) + 1 / math.log2(4))
+    assert rows["temporal"]["NDCG@10"] == round(temporal, 3)
+    assert rows["overall"]["NDCG@10"] == round((1 + temporal) / 3, 3)
+
+
 def test_near_misses_under_their_label_are_counted_apart_from_false_positives() -> None:
     history = to_history(sample())
     block = f"[2023-05-08 13:56 UTC] user\nAda: {POTTERY}\n---\n"
@@ -236,6 +328,7 @@ def test_a_run_through_the_tool_finds_the_evidence_and_measures_false_positives(
     through_the_tool: dict[str, Any],
 ) -> None:
     assert through_the_tool["by_category"]["single-hop"]["hit@8"] == 1.0
+    assert through_the_tool["by_category"]["single-hop"]["R@5"] == 1.0  # read from the audit
     assert through_the_tool["by_category"]["overall"]["questions"] == 3
     assert through_the_tool["unavailable_answers"] == 0
     off_topic = len(to_history(sample()).off_topic)
@@ -253,6 +346,37 @@ def test_the_in_process_run_answers_like_the_tool(
 
     assert figures["by_category"] == through_the_tool["by_category"]
     assert figures["false_positive"] == through_the_tool["false_positive"]
+
+
+def other_checkout(root: Path, marker: Path) -> Path:
+    """A checkout the benchmark can start by --server-tree: its `.venv/bin/python` (this
+    interpreter) and a `recall_server.py` that notes each start's arguments, then runs ours."""
+    venv = root / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (venv / "python").chmod(0o755)
+    (root / "recall_server.py").write_text(
+        "import runpy, sys\n"
+        f"with open({str(marker)!r}, 'a') as log:\n"
+        "    log.write(' '.join(sys.argv[1:2]) + '\\n')\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        f"runpy.run_path({str(ROOT / 'recall_server.py')!r}, run_name='__main__')\n"
+    )
+    return root
+
+
+def test_server_tree_starts_that_checkouts_server_and_backfill(tmp_path: Path) -> None:
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps([sample()]))
+    started = tmp_path / "started.log"
+    other = other_checkout(tmp_path / "other", started)
+
+    figures, _ = measure_locomo(data, server_tree=other)
+
+    # the backfill, then one server per k (3, 8, 10), all the other checkout's
+    assert started.read_text().splitlines() == ["backfill", "", "", ""]
+    assert figures["server"] == str(other)
+    assert figures["by_category"]["single-hop"]["hit@8"] == 1.0
 
 
 def test_the_readme_gets_the_locomo_table_and_never_reads_a_local_file(tmp_path: Path) -> None:
