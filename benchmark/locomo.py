@@ -611,6 +611,7 @@ def measure_locomo(
             with live.start(timeout=120):
                 if k == KS[0] and post:
                     loading = load_by_posting(live, histories)
+                live.wait_no_index_run()  # else a search may say "still being indexed"
 
                 async def ask_all(live: LocalServer = live) -> dict[str, Answers]:
                     return {h.user: await ask_tool(live, h) for h in histories}

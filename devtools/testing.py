@@ -159,6 +159,16 @@ class LocalServer:
     def __exit__(self, *_: object) -> None:
         self.stop()
 
+    def wait_no_index_run(self, timeout: float = 3_600) -> None:
+        """Until /healthz counts no index run due or going: a server started on a stored history
+        may check it first, and a search meanwhile says "still being indexed" (a benchmark that
+        compares answers byte for byte asks only after)."""
+        deadline = time.monotonic() + timeout
+        while self.health().get("indexing") != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"index runs still due after {timeout:.0f}s")
+            time.sleep(0.2)
+
     def wait_indexed(self, *users: str, timeout: float = 300) -> None:
         """Until no index run lags behind these users' sources (the server's own marker; with
         STORE=postgres, until no user of the database has an index run due). A ceiling, not a
