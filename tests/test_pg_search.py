@@ -289,7 +289,7 @@ async def pg_pool(search: PgSearch, user_hash: str, query: Query) -> list[tuple[
         passages, tokens = await cur.fetchone()
         snapshot = Snapshot(user_hash, passages, tokens, phrase_stems(query.terms))
         found = await PgSource(conn, snapshot, no_vectors, search._pool).pool(
-            query, search.candidates * LEXICAL_POOL
+            query, search.ranking.candidates * LEXICAL_POOL
         )
         cur = await conn.execute(
             "SELECT id, conversation_id, chunk FROM chunks WHERE user_hash = %s", (user_hash,)

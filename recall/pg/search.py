@@ -33,7 +33,7 @@ from recall.pg.database import Connection, Database
 from recall.pg.fts import phrase_stems
 from recall.pg.index import fingerprint
 from recall.pg.source import PgSource, Snapshot
-from recall.ranking.pipeline import Found, rank
+from recall.ranking.pipeline import Found, Ranking, rank
 from recall.ranking.render import render
 from recall.ranking.search import MIN_SIMILARITY, Notes
 from recall.ranking.text import Query
@@ -108,11 +108,8 @@ class PgSearch:
     ) -> None:
         self.db = db
         self.embedder = embedder
-        self.k = k
-        self.candidates = max(candidates, k)
         self.max_chars = max_chars
-        self.half_life_days = half_life_days
-        self.min_similarity = min_similarity
+        self.ranking = Ranking(k, candidates, half_life_days, min_similarity)
         self.wanted = fingerprint(embedder)
         # The query's vector and stems: CPU work off the event loop, on threads of our own
         # (no more than the cores, as the embedded engine's recalls).
@@ -205,15 +202,7 @@ class PgSearch:
         source = self._source(
             conn, Snapshot(user_hash, row.passages, row.tokens or 0, stems), str(row.generation)
         )
-        return await rank(
-            source,
-            query,
-            qvec,
-            k=self.k,
-            candidates=self.candidates,
-            half_life_days=self.half_life_days,
-            min_similarity=self.min_similarity,
-        )
+        return await rank(source, query, qvec, self.ranking)
 
     def _source(self, conn: Connection, snapshot: Snapshot, generation: str) -> PgSource:
         """The pipeline's source over this transaction. Its matrix is the cached one of this

@@ -15,6 +15,7 @@ engine's recall thread: its source's methods are coroutines that never suspend, 
 from __future__ import annotations
 
 from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
@@ -24,6 +25,7 @@ from recall.ranking.search import (
     DENSE_WEIGHT,
     LEXICAL_POOL,
     LEXICAL_WEIGHT,
+    MIN_SIMILARITY,
     Candidate,
     Hit,
     Lexical,
@@ -81,18 +83,26 @@ class Source(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """The settings a store ranks with (RECALL_K, RECALL_CANDIDATES, the recency half life, the
+    similarity floor), held once by each store: the pool is never smaller than ``k``."""
+
+    k: int = 3
+    candidates: int = 8
+    half_life_days: float = 0.0
+    min_similarity: float = MIN_SIMILARITY  # calibrated for the packaged model; 0: off
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "candidates", max(self.candidates, self.k))
+
+
 async def rank(
-    source: Source,
-    query: Query,
-    qvec: np.ndarray,
-    *,
-    k: int,
-    candidates: int,
-    half_life_days: float,
-    min_similarity: float,
+    source: Source, query: Query, qvec: np.ndarray, ranking: Ranking
 ) -> tuple[Found, Notes]:
-    """The best ``k`` passages for ``query`` (``qvec`` its vector) with their neighbours, and
-    the answer's notes; none when nothing is relevant."""
+    """The best ``ranking.k`` passages for ``query`` (``qvec`` its vector) with their
+    neighbours, and the answer's notes; none when nothing is relevant."""
+    k, candidates = ranking.k, ranking.candidates
     vectors = await source.vectors()
     by_words = (
         await lexical_leg(source, query, candidates * LEXICAL_POOL)
@@ -101,7 +111,7 @@ async def rank(
     )
     similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
     by_meaning, best_similarity = dense(vectors.ids, similarity, candidates)
-    if nothing_relevant(by_words, best_similarity, min_similarity):
+    if nothing_relevant(by_words, best_similarity, ranking.min_similarity):
         return [], notes(query, by_words)
     by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=candidates)
     fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
@@ -111,7 +121,7 @@ async def rank(
         fused,
         k=k,
         newest=vectors.newest,
-        half_life_days=half_life_days,
+        half_life_days=ranking.half_life_days,
         months=query.months,
         ids=query.ids,
     )

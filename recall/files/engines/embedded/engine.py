@@ -43,7 +43,7 @@ from recall.files.engines.embedded.store import (
     outdated,
     reconcile,
 )
-from recall.ranking.pipeline import Found, rank, run_blocking
+from recall.ranking.pipeline import Found, Ranking, rank, run_blocking
 from recall.ranking.render import render
 from recall.ranking.search import MIN_SIMILARITY, Notes, common_floor
 from recall.ranking.text import Query
@@ -121,11 +121,8 @@ class EmbeddedEngine:
         self.embedder = embedder
         # Index runs in worker processes (the server's choice), else on this process' threads.
         self.index_workers = index_workers
-        self.k = k
-        self.candidates = max(candidates, k)
         self.max_chars = max_chars
-        self.half_life_days = half_life_days
-        self.min_similarity = min_similarity  # calibrated for the packaged model; 0: off
+        self.ranking = Ranking(k, candidates, half_life_days, min_similarity)
         # The matrices of recent users, at most cache_bytes in all (vectors.py).
         self.cache = VectorCache(cache_bytes)
         self.loads = VectorLoads(self.cache, asynchronous=False)  # one load per user at a time
@@ -229,17 +226,7 @@ class EmbeddedEngine:
         a second; benchmark/README.md, "Load")."""
         qvec = self.embedder.embed_query([query.text])[0]
         source = SqliteSource(con, lambda: self._vectors(con, key))
-        return run_blocking(
-            rank(
-                source,
-                query,
-                qvec,
-                k=self.k,
-                candidates=self.candidates,
-                half_life_days=self.half_life_days,
-                min_similarity=self.min_similarity,
-            )
-        )
+        return run_blocking(rank(source, query, qvec, self.ranking))
 
     def _vectors(self, con: sqlite3.Connection, key: str) -> Vectors:
         """The user's matrix from the cache, reloaded when an index run changed the db; recalls
