@@ -822,11 +822,10 @@ class ForgetsWhileReading(PgSearch):
         return source
 
 
-async def test_a_forget_committed_during_a_recall_never_returns_the_forgotten_passage(
+async def post_a_secret_and_a_kept_conversation(
     embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
 ) -> None:
-    # Given two conversations, one holding a secret word
-    alice = user_dir_name("alice")
+    """Alice's two conversations, indexed: "secret" holds SECRET, "kept" the plan."""
     await post(
         store,
         [
@@ -835,6 +834,14 @@ async def test_a_forget_committed_during_a_recall_never_returns_the_forgotten_pa
         ],
     )
     await index_once(db, embedder, superuser, "alice")
+
+
+async def test_a_forget_committed_during_a_recall_never_returns_the_forgotten_passage(
+    embedder: Remembered, db: Database, store: PgStore, superuser: psycopg.Connection[Any]
+) -> None:
+    # Given two conversations, one holding a secret word
+    alice = user_dir_name("alice")
+    await post_a_secret_and_a_kept_conversation(embedder, db, store, superuser)
 
     async def forget() -> None:
         await store.forget(alice, "secret", "user")  # its own connection and transaction
@@ -856,14 +863,7 @@ async def test_a_forget_or_erase_between_a_search_and_its_settle_is_told_and_not
 ) -> None:
     # Given two conversations, one holding a secret word, searched in one snapshot
     alice = user_dir_name("alice")
-    await post(
-        store,
-        [
-            body("alice", "secret", "2025-05-01T09:00:00Z", [("user", f"The code is {SECRET}.")]),
-            body("alice", "kept", "2025-05-02T09:00:00Z", [("user", "The plan is ready.")]),
-        ],
-    )
-    await index_once(db, embedder, superuser, "alice")
+    await post_a_secret_and_a_kept_conversation(embedder, db, store, superuser)
     tool = PgStore(db, 0.1, None, PgSearch(db, embedder, min_similarity=0.0))
     first = await tool.search(alice, f"the code {SECRET}")
     assert first.state == "ready" and SECRET in first.found.text

@@ -222,7 +222,7 @@ class FilesStore:
         return time.monotonic()
 
     async def erased_since(self, user: str, mark: Mark) -> bool:
-        return self.lifecycle.erased_since(self.home(user), mark)
+        return self._erased(self.home(user), mark)
 
     async def append_audit(self, user: str, line: AuditLine, mark: Mark) -> None:
         if await self.settle(user, mark, line) == "unaudited":
@@ -270,14 +270,14 @@ class FilesStore:
         return await self.engine.recall(self.home(user), query)
 
     async def search(self, user: str, query: str) -> Searched:
-        mark = time.monotonic()  # first: an erase from here on is settle's to tell
+        mark = await self.mark(user)  # first: an erase from here on is settle's to tell
         state = await self.state(user)
         if state not in SEARCHABLE or not query.strip():
             return Searched(state, Recalled(""), mark)
         return Searched(state, await self.recall(user, query), mark)
 
     async def locate(self, user: str, ref: str) -> Located:
-        mark = time.monotonic()
+        mark = await self.mark(user)
         conversation_id = conversation_named(user, ref, await self.conversation_ids(user))
         turns = None if conversation_id is None else await self.turns(user, conversation_id)
         found = None if conversation_id is None or turns is None else (conversation_id, turns)
