@@ -70,7 +70,9 @@ def test_a_wheel_ships_the_pinned_tokenizer_with_its_notice_and_licence(tmp_path
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "recall_server.py"):
         shutil.copy(ROOT / name, source)
-    shutil.copytree(ROOT / "recall", source / "recall", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "recall", source / "recall", ignore=shutil.ignore_patterns("__pycache__")
+    )
     # when pip builds a wheel of it
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp_path / "w", source],
