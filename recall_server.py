@@ -29,7 +29,7 @@ from recall.files.layout import PRIVATE_UMASK
 from recall.files.store import hold_data_dir
 from recall.logs import configure_logging
 from recall.settings import ConfigError, Settings, load_settings, settings_help
-from recall.transport import fit_descriptor_limit, port_taken, serve
+from recall.transport import STARTUP_FAILURE, Refusal, fit_descriptor_limit, port_taken, serve
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -150,14 +150,22 @@ def main() -> None:
         owned = hold_data_dir(settings.data_dir, "server") if settings.store == "files" else None
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
-    if refused := settings.refusal():  # before create_app's imports: refused in a tenth the CPU
+    # What the settings alone refuse, before create_app's imports: a quarter of the CPU.
+    if refused := settings.refusal():
         sys.exit(f"recall-server: {refused}")
+    if problem := fit_descriptor_limit(settings.max_connections):
+        sys.exit(f"recall-server: {problem}")
+    if settings.store == "postgres" and settings.database_url:
+        from recall.pg.database import refused_at_start  # psycopg is needed only there
+
+        # A database that refuses this replica, said as the lifespan says it, before the model
+        if reason := refused_at_start(settings.database_url):
+            Refusal().refuse(reason)
+            sys.exit(STARTUP_FAILURE)
     try:
         app = create_app(settings)
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
-    if problem := fit_descriptor_limit(settings.max_connections):
-        sys.exit(f"recall-server: {problem}")
     # What lives as long as the server (modules, the model, FastMCP's tables) leaves the garbage
     # collector's view: its full collections over them stopped every request for 60-95 ms,
     # about twice a minute under load (benchmark/README.md, "Load").
