@@ -22,7 +22,7 @@ from devtools.testing import free_port
 from recall.pg.database import Database, DatabaseRefused, misconfigured
 
 ALICE = "0" * 64
-REFUSED_START_SECONDS = 90  # a ceiling on a loaded machine: a start loads the model first
+REFUSED_START_SECONDS = 90  # a ceiling on a loaded machine (a start it does not refuse serves)
 LIVENESS_SECONDS = 1.0  # a Kubernetes liveness probe's default timeout
 
 
