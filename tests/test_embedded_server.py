@@ -31,9 +31,12 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server for the tests that each damage a user of their own (a start is ~2 CPU-s)."""
+    """One server for the tests that each damage a user of their own, the last one restarting
+    it (a start is ~2 CPU-s)."""
     tmp_path = tmp_path_factory.mktemp("shared")
-    with make_server(tmp_path, ENGINE="embedded", INDEX_DEBOUNCE="0.1").start() as server:
+    with make_server(
+        tmp_path, users=("alice", "bob", "carol"), ENGINE="embedded", INDEX_DEBOUNCE="0.1"
+    ).start() as server:
         yield server
 
 
@@ -134,18 +137,19 @@ async def test_a_corrupt_db_is_rebuilt_after_the_recall_that_found_it(
     assert "Priya" in await server.recall(user, "MT-4471")
 
 
-async def test_a_db_corrupted_while_stopped_is_rebuilt_at_startup(server: Server) -> None:
-    assert server.post(conversation("alice", "c1", "Ticket MT-4471 is owned by Priya."))[0]
-    server.wait_indexed("alice")
+async def test_a_db_corrupted_while_stopped_is_rebuilt_at_startup(shared_server: Server) -> None:
+    server = shared_server  # (carol's: the two tests above damaged alice's and bob's)
+    assert server.post(conversation("carol", "c1", "Ticket MT-4471 is owned by Priya."))[0]
+    server.wait_indexed("carol")
     server.stop()
-    # Given alice's index overwritten with garbage while the server was down
-    corrupt(db_path(server.home("alice")), keep_header=False)
-    runs = runs_for(server, "alice")
+    # Given carol's index overwritten with garbage while the server was down
+    corrupt(db_path(server.home("carol")), keep_header=False)
+    runs = runs_for(server, "carol")
     # When the server starts
     server.start()
     # Then her index is rebuilt before anyone asks, and her first recall finds it
-    wait_for(lambda: runs_for(server, "alice") > runs, timeout=60)
-    assert "Priya" in await server.recall("alice", "MT-4471")
+    wait_for(lambda: runs_for(server, "carol") > runs, timeout=60)
+    assert "Priya" in await server.recall("carol", "MT-4471")
 
 
 def built_by(server: Server, user: str) -> str:
