@@ -54,7 +54,7 @@ MEASURED_SECONDS = {
     "tests/test_transport.py": 80,
     "tests/test_redaction.py": 90,
     "tests/test_ingest.py": 60,
-    "tests/test_locomo_benchmark.py": 50,
+    "tests/test_locomo_benchmark.py": 30,
     "tests/test_logging.py": 60,
     "tests/test_recalled.py": 60,
     "tests/test_container_image.py": 70,  # podman, its images cached
