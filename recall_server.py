@@ -23,27 +23,16 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from fastmcp import FastMCP
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
-
-from recall.app import context
-from recall.app.answers import search_query
-from recall.app.ingest import Ingest
-from recall.app.keyed import REFUSALS
-from recall.app.lifecycle_routes import LifecycleRoutes
-from recall.app.operations import Operations
-from recall.app.tools import Tools
-from recall.auth import MCP_PATH, TokenFirst
-from recall.domain.conversation import user_dir_name
 from recall.files.layout import PRIVATE_UMASK
 from recall.files.store import hold_data_dir
-from recall.importing.routes import ChatImports
 from recall.logs import configure_logging
-from recall.memory_api import MemoryApi
 from recall.settings import ConfigError, Settings, load_settings, settings_help
-from recall.transport import fit_descriptor_limit, port_taken, serve
+from recall.transport import STARTUP_FAILURE, Refusal, fit_descriptor_limit, port_taken, serve
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
 
 USAGE = """\
 usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, GET /healthz,
@@ -66,6 +55,23 @@ Settings are environment variables (default after =):
 def create_app(settings: Settings) -> Starlette:
     """The server for ``settings``: its parts built once, its routes and tools registered, the
     Starlette app uvicorn serves (ConfigError names what cannot serve)."""
+    # Imported here, not at the top: FastMCP, the app and the engine they load take about a
+    # CPU-second, which a start that main() refuses for its settings never pays.
+    from fastmcp import FastMCP
+    from starlette.middleware import Middleware
+
+    from recall.app import context
+    from recall.app.answers import search_query
+    from recall.app.ingest import Ingest
+    from recall.app.keyed import REFUSALS
+    from recall.app.lifecycle_routes import LifecycleRoutes
+    from recall.app.operations import Operations
+    from recall.app.tools import Tools
+    from recall.auth import MCP_PATH, TokenFirst
+    from recall.domain.conversation import user_dir_name
+    from recall.importing.routes import ChatImports
+    from recall.memory_api import MemoryApi
+
     app = context.build(settings)
     mcp = FastMCP("recall", auth=app.verifier, lifespan=app.lifespan)
     # The person's memory page and its API: the same bearer token as /mcp, the tool's search.
@@ -144,12 +150,22 @@ def main() -> None:
         owned = hold_data_dir(settings.data_dir, "server") if settings.store == "files" else None
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
+    # What the settings alone refuse, before create_app's imports: a quarter of the CPU.
+    if refused := settings.refusal():
+        sys.exit(f"recall-server: {refused}")
+    if problem := fit_descriptor_limit(settings.max_connections):
+        sys.exit(f"recall-server: {problem}")
+    if settings.store == "postgres" and settings.database_url:
+        from recall.pg.database import refused_at_start  # psycopg is needed only there
+
+        # A database that refuses this replica, said as the lifespan says it, before the model
+        if reason := refused_at_start(settings.database_url):
+            Refusal().refuse(reason)
+            sys.exit(STARTUP_FAILURE)
     try:
         app = create_app(settings)
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
-    if problem := fit_descriptor_limit(settings.max_connections):
-        sys.exit(f"recall-server: {problem}")
     # What lives as long as the server (modules, the model, FastMCP's tables) leaves the garbage
     # collector's view: its full collections over them stopped every request for 60-95 ms,
     # about twice a minute under load (benchmark/README.md, "Load").

@@ -236,10 +236,12 @@ def measure(
     history_name: str = "ops",
     env: dict[str, str] | None = None,
     server_tree: Path | None = None,
+    engine_alone_too: bool = True,
 ) -> dict[str, Any]:
     """One history on one engine; ``env`` goes into the servers' environment (and should be in
     this process's too, for the engine-alone figures: ``main`` puts it there); ``server_tree``:
-    the server of that checkout, not this one's (no engine-alone figures then)."""
+    the server of that checkout, not this one's (no engine-alone figures then);
+    ``engine_alone_too`` False: the figures through the tool only (a quality check)."""
     make_history, default_questions = HISTORIES[history_name]
     history = make_history(size, seed=seed, questions=questions or default_questions)
     result: dict[str, Any] = {"size": size, "engine": engine, "history": history_name}
@@ -283,8 +285,8 @@ def measure(
                         else database_mb(database.superuser_url)
                     )
                     result["searchable_after_s"] = asyncio.run(freshness(live))
-        if server_tree:
-            pass  # in-process figures would measure this checkout, not the server's
+        if server_tree or not engine_alone_too:
+            pass  # not asked for; with server_tree they would measure this checkout instead
         elif database is None:
             result.update(asyncio.run(engine_alone(workdir / "data", engine, history.questions)))
         else:

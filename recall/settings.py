@@ -432,6 +432,17 @@ class Settings(BaseSettings):
             found.append("ENGINE=funes reads files: it works with STORE=files only")
         return found
 
+    def refusal(self) -> str | None:
+        """Why this configuration must not serve, in one line; None when it may."""
+        if problems := self.problems():
+            return "; ".join(problems)
+        if not self.host_allowlist():
+            return (
+                f"HOST {self.host} is not loopback: set ALLOWED_HOSTS to the host names "
+                "clients reach this server by (comma-separated)"
+            )
+        return None
+
     def _public_url_problems(self) -> list[str]:
         if self.public_url is None:
             return []  # off loopback without it: no sign-in discovery (auth.py says so at start)

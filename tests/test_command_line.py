@@ -9,10 +9,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, FakeFunes, conversation, make_server
+from conftest import ROOT, FakeFunes, Server, conversation, make_server
 
 from devtools.testing import free_port
 from recall.settings import GENERATE_KEY, Settings
@@ -28,9 +29,17 @@ def run(
     )
 
 
-def test_search_with_a_refused_token_says_401_in_one_line(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One running server for the tests that only talk to it (a start is ~2 CPU-s); a test that
+    erases, stops or needs other settings starts its own."""
+    tmp_path = tmp_path_factory.mktemp("server")
     with make_server(tmp_path, ENGINE="embedded").start() as server:
-        done = run("examples/search.py", "--url", server.url, "--token", "not-a-token", "N-11")
+        yield server
+
+
+def test_search_with_a_refused_token_says_401_in_one_line(server: Server) -> None:
+    done = run("examples/search.py", "--url", server.url, "--token", "not-a-token", "N-11")
     assert done.returncode == 1
     # One line, with the server's reason (tests/test_examples.py: expired, audience, issuer)
     assert (
@@ -112,6 +121,19 @@ def test_a_missing_short_or_placeholder_ingest_key_is_answered_with_how_to_gener
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_a_start_refused_for_its_settings_loads_neither_fastmcp_nor_the_model(
+    tmp_path: Path,
+) -> None:
+    # importing FastMCP, the app and onnxruntime took 1.1 of a refused start's 1.5 CPU-s: the
+    # settings are checked first
+    env = make_server(tmp_path, ENGINE="embedded", INGEST_KEY="").env
+    done = run("-X", "importtime", "recall_server.py", env=env)
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()}
+    assert done.returncode == 1
+    assert "recall-server: INGEST_KEY is not set" in done.stderr
+    assert imported & {"fastmcp", "mcp", "onnxruntime", "numpy", "tokenizers"} == set()
+
+
 def test_a_bad_setting_stops_the_backfill_with_exit_2_and_one_line_naming_it(
     tmp_path: Path,
 ) -> None:
@@ -153,13 +175,12 @@ def test_seeder_with_wait_gives_up_with_one_line_when_no_server_comes() -> None:
     assert time.monotonic() - started < 60
 
 
-async def test_seeder_with_wait_returns_once_what_it_posted_is_searchable(tmp_path: Path) -> None:
+async def test_seeder_with_wait_returns_once_what_it_posted_is_searchable(server: Server) -> None:
     # given a running server and the seeder told to wait
-    with make_server(tmp_path, ENGINE="embedded").start() as server:
-        key = server.ingest_key
-        done = run("seeds/seed.py", "--url", server.url, "--key", key, "--wait", "300")
-        # when the first search comes the moment the seeder returns
-        answer = await server.recall("alice", "N-11 upgrade")
+    key = server.ingest_key
+    done = run("seeds/seed.py", "--url", server.url, "--key", key, "--wait", "300")
+    # when the first search comes the moment the seeder returns
+    answer = await server.recall("alice", "N-11 upgrade")
     # then it finds what was posted, not "unavailable" while the index is still being built
     assert done.returncode == 0, done.stderr
     assert "go ahead with the N-11 upgrade" in answer
@@ -190,17 +211,15 @@ def test_an_unknown_argument_exits_2_with_one_line_pointing_to_help(tmp_path: Pa
 
 
 def test_seeder_with_wait_reports_an_earlier_server_on_the_port_not_a_wrong_key(
-    tmp_path: Path,
+    server: Server,
 ) -> None:
     # given a server from an earlier paste still running, and the block pasted again: a new key,
     # and a new server on the same port, which cannot start
-    with make_server(tmp_path, ENGINE="embedded").start() as first:
-        second = {**first.env, "INGEST_KEY": "a-new-key-" + "0123456789abcdef"}
-        started = run("recall_server.py", env=second)
-        # when the seeder waits for the server and posts with the new key
-        done = run(
-            "seeds/seed.py", "--url", first.url, "--key", second["INGEST_KEY"], "--wait", "30"
-        )
+    first = server
+    second = {**first.env, "INGEST_KEY": "a-new-key-" + "0123456789abcdef"}
+    started = run("recall_server.py", env=second)
+    # when the seeder waits for the server and posts with the new key
+    done = run("seeds/seed.py", "--url", first.url, "--key", second["INGEST_KEY"], "--wait", "30")
     # then it says an earlier server holds the port, in one line, not "check INGEST_KEY"
     assert started.returncode != 0 and "is already in use" in started.stderr
     assert done.returncode == 1

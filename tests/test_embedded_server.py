@@ -29,6 +29,17 @@ def server(tmp_path: Path) -> Iterator[Server]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the tests that each damage a user of their own, the last one restarting
+    it (a start is ~2 CPU-s)."""
+    tmp_path = tmp_path_factory.mktemp("shared")
+    with make_server(
+        tmp_path, users=("alice", "bob", "carol"), ENGINE="embedded", INDEX_DEBOUNCE="0.1"
+    ).start() as server:
+        yield server
+
+
 def long_conversation(user: str, cid: str, turns: int) -> dict[str, object]:
     """`turns` turns of about 1,100 characters each: one embedded piece per turn."""
     text = " ".join(f"word{j % 997}" for j in range(140))
@@ -66,10 +77,12 @@ async def test_posts_for_eight_users_answer_without_waiting_for_their_index_runs
     # of them are due at once (on onnxruntime, with real embedding): alice's and bob's long
     # ones first, whose runs take both index threads (INDEX_CONCURRENCY) for tens of seconds,
     # then six shorter ones, due behind them (first due, first run). Only the runs under way
-    # need to be long: six more long ones would cost a minute of CPU and prove nothing more.
+    # need to be long: six more long ones would cost a minute of CPU and prove nothing more, and
+    # 20 long turns each outlast the three rounds of posts many times over (40 cost ~12 CPU-s
+    # more).
     assert server.post(conversation("alice", "first", "Ticket MT-4471 is owned by Priya."))[0]
     server.wait_indexed("alice")
-    timed_posts(server, [long_conversation(user, "history", 40) for user in USERS[:2]])
+    timed_posts(server, [long_conversation(user, "history", 20) for user in USERS[:2]])
     timed_posts(server, [long_conversation(user, "history", 4) for user in USERS[2:]])
     wait_for(lambda: db_path(server.home("bob")).exists(), timeout=30)
     # When they keep posting while those runs go on
@@ -102,35 +115,41 @@ def runs_for(server: Server, user: str) -> int:
     return server.log().count(f"indexed user {server.home(user).name}")
 
 
-@pytest.mark.parametrize("keep_header", [False, True], ids=["garbage", "garbage-behind-header"])
+@pytest.mark.parametrize(
+    ("keep_header", "user"),
+    [(False, "alice"), (True, "bob")],  # a user each: they share one server
+    ids=["garbage", "garbage-behind-header"],
+)
 async def test_a_corrupt_db_is_rebuilt_after_the_recall_that_found_it(
-    server: Server, keep_header: bool
+    shared_server: Server, keep_header: bool, user: str
 ) -> None:
-    # Given alice's index overwritten with garbage
-    assert server.post(conversation("alice", "c1", "Ticket MT-4471 is owned by Priya."))[0]
-    server.wait_indexed("alice")
-    assert "Priya" in await server.recall("alice", "MT-4471")
-    runs = runs_for(server, "alice")
-    corrupt(db_path(server.home("alice")), keep_header)
-    # When she recalls, it fails soft
-    assert await server.recall("alice", "MT-4471") == UNAVAILABLE
+    server = shared_server
+    # Given the user's index overwritten with garbage
+    assert server.post(conversation(user, "c1", "Ticket MT-4471 is owned by Priya."))[0]
+    server.wait_indexed(user)
+    assert "Priya" in await server.recall(user, "MT-4471")
+    runs = runs_for(server, user)
+    corrupt(db_path(server.home(user)), keep_header)
+    # When they recall, it fails soft
+    assert await server.recall(user, "MT-4471") == UNAVAILABLE
     # Then a run rebuilds the index with no new post, and recall works again
-    wait_for(lambda: runs_for(server, "alice") > runs, timeout=60)
-    assert "Priya" in await server.recall("alice", "MT-4471")
+    wait_for(lambda: runs_for(server, user) > runs, timeout=60)
+    assert "Priya" in await server.recall(user, "MT-4471")
 
 
-async def test_a_db_corrupted_while_stopped_is_rebuilt_at_startup(server: Server) -> None:
-    assert server.post(conversation("alice", "c1", "Ticket MT-4471 is owned by Priya."))[0]
-    server.wait_indexed("alice")
+async def test_a_db_corrupted_while_stopped_is_rebuilt_at_startup(shared_server: Server) -> None:
+    server = shared_server  # (carol's: the two tests above damaged alice's and bob's)
+    assert server.post(conversation("carol", "c1", "Ticket MT-4471 is owned by Priya."))[0]
+    server.wait_indexed("carol")
     server.stop()
-    # Given alice's index overwritten with garbage while the server was down
-    corrupt(db_path(server.home("alice")), keep_header=False)
-    runs = runs_for(server, "alice")
+    # Given carol's index overwritten with garbage while the server was down
+    corrupt(db_path(server.home("carol")), keep_header=False)
+    runs = runs_for(server, "carol")
     # When the server starts
     server.start()
     # Then her index is rebuilt before anyone asks, and her first recall finds it
-    wait_for(lambda: runs_for(server, "alice") > runs, timeout=60)
-    assert "Priya" in await server.recall("alice", "MT-4471")
+    wait_for(lambda: runs_for(server, "carol") > runs, timeout=60)
+    assert "Priya" in await server.recall("carol", "MT-4471")
 
 
 def built_by(server: Server, user: str) -> str:

@@ -23,10 +23,12 @@ from recall.indexing.workers import BACKGROUND_NICENESS, IndexWorkers
 WORKER_MODULE = "recall.files.engines.embedded.worker"
 
 
-@pytest.fixture
-def server(tmp_path: Path, backing: Backing) -> Iterator[Server]:
-    settings = {"ENGINE": "embedded", "INDEX_DEBOUNCE": "0.1", **backing.settings}
-    with make_server(tmp_path, **settings).start() as server:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) -> Iterator[Server]:
+    """One server per store for the tests that look at and kill its workers, a user each (a
+    start and its first worker are ~3 CPU-s)."""
+    settings = {"ENGINE": "embedded", "INDEX_DEBOUNCE": "0.1", **module_backing.settings}
+    with make_server(tmp_path_factory.mktemp("workers"), **settings).start() as server:
         yield server
 
 
@@ -65,10 +67,10 @@ def thread_scheduling(pid: int) -> set[tuple[int, int]]:
     return found
 
 
-def pump_post_indexed(server: Server) -> int:
-    """Post alice's pump conversation and wait for its index run; the server's pid."""
-    assert server.post(conversation("alice", "pump", "The pump P-7 seal leaks again."))[0] == 202
-    server.wait_indexed("alice")
+def pump_post_indexed(server: Server, user: str = "alice") -> int:
+    """Post the user's pump conversation and wait for its index run; the server's pid."""
+    assert server.post(conversation(user, "pump", "The pump P-7 seal leaks again."))[0] == 202
+    server.wait_indexed(user)
     assert server.process is not None
     return server.process.pid
 
@@ -98,19 +100,19 @@ async def test_index_runs_embed_in_a_background_worker_in_the_servers_session(
 async def test_a_killed_worker_is_replaced_and_later_posts_are_still_indexed(
     server: Server,
 ) -> None:
-    # given a worker, idle after indexing alice's first post
-    pid = pump_post_indexed(server)
+    # given a worker, idle after indexing bob's first post
+    pid = pump_post_indexed(server, "bob")
     killed = workers(pid)
     assert killed
-    # when it is killed (the OOM killer, an operator), then alice posts again
+    # when it is killed (the OOM killer, an operator), then bob posts again
     for worker in killed:
         worker.send_signal(signal.SIGKILL)
     wait_for(lambda: not any(alive(w) for w in killed))
-    body = conversation("alice", "valve", "Valve V-12 was replaced on Tuesday.")
+    body = conversation("bob", "valve", "Valve V-12 was replaced on Tuesday.")
     assert server.post(body)[0] == 202
     # then a new worker indexes it, and recall finds it
-    server.wait_indexed("alice", timeout=300)
-    assert "V-12 was replaced" in await server.recall("alice", "valve V-12")
+    server.wait_indexed("bob", timeout=300)
+    assert "V-12 was replaced" in await server.recall("bob", "valve V-12")
     assert not {w.pid for w in killed} & {w.pid for w in workers(pid)}
     assert not RUN_FAILED.search(server.log())
 

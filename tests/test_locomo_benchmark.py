@@ -317,11 +317,21 @@ def test_the_misses_are_kept_out_of_the_committed_figures() -> None:
 
 
 @pytest.fixture(scope="module")
-def through_the_tool(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    data = tmp_path_factory.mktemp("locomo") / "tiny-locomo.json"
+def other_checkouts_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """The recorded run with --server-tree, and the log of what that checkout started. Its
+    recall_server.py runs ours: the same figures as a run of this checkout, for one run's CPU
+    (a backfill and three servers) instead of two."""
+    tmp = tmp_path_factory.mktemp("locomo")
+    data = tmp / "tiny-locomo.json"
     data.write_text(json.dumps([sample()]))
-    figures, _ = measure_locomo(data)
-    return figures
+    started = tmp / "started.log"
+    figures, _ = measure_locomo(data, server_tree=other_checkout(tmp / "other", started))
+    return figures, started
+
+
+@pytest.fixture(scope="module")
+def through_the_tool(other_checkouts_run: tuple[dict[str, Any], Path]) -> dict[str, Any]:
+    return other_checkouts_run[0]
 
 
 def test_a_run_through_the_tool_finds_the_evidence_and_measures_false_positives(
@@ -365,17 +375,13 @@ def other_checkout(root: Path, marker: Path) -> Path:
     return root
 
 
-def test_server_tree_starts_that_checkouts_server_and_backfill(tmp_path: Path) -> None:
-    data = tmp_path / "tiny-locomo.json"
-    data.write_text(json.dumps([sample()]))
-    started = tmp_path / "started.log"
-    other = other_checkout(tmp_path / "other", started)
-
-    figures, _ = measure_locomo(data, server_tree=other)
-
+def test_server_tree_starts_that_checkouts_server_and_backfill(
+    other_checkouts_run: tuple[dict[str, Any], Path],
+) -> None:
+    figures, started = other_checkouts_run
     # the backfill, then one server per k (3, 8, 10), all the other checkout's
     assert started.read_text().splitlines() == ["backfill", "", "", ""]
-    assert figures["server"] == str(other)
+    assert figures["server"] == str(started.parent / "other")
     assert figures["by_category"]["single-hop"]["hit@8"] == 1.0
 
 

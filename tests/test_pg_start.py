@@ -22,7 +22,7 @@ from devtools.testing import free_port
 from recall.pg.database import Database, DatabaseRefused, misconfigured
 
 ALICE = "0" * 64
-REFUSED_START_SECONDS = 90  # a ceiling on a loaded machine: a start loads the model first
+REFUSED_START_SECONDS = 90  # a ceiling on a loaded machine (a start it does not refuse serves)
 LIVENESS_SECONDS = 1.0  # a Kubernetes liveness probe's default timeout
 
 
@@ -32,10 +32,11 @@ def pg_server_env(tmp_path: Path, database_url: str, **settings: str) -> dict[st
     ).env
 
 
-def start_refused(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run the server; it must exit on its own (a hang fails the test at the ceiling)."""
+def start_refused(env: dict[str, str], *python: str) -> subprocess.CompletedProcess[str]:
+    """Run the server (``python``: the interpreter's own options); it must exit on its own (a
+    hang fails the test at the ceiling)."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "recall_server.py")],
+        [sys.executable, *python, str(ROOT / "recall_server.py")],
         env=env,
         capture_output=True,
         text=True,
@@ -69,11 +70,16 @@ def test_a_refused_start_exits_3_with_its_reason_in_one_line_every_time(
     env = pg_server_env(tmp_path, pg_database.owner_url)
     # When it starts, again and again (the pool left open hung about one start in four)
     for attempt in range(8):
-        done = start_refused(env)
+        done = start_refused(env, "-X", "importtime") if attempt == 0 else start_refused(env)
         # Then each start ends with status 3, its reason in one line and no traceback
         assert done.returncode == 3, (attempt, done.stderr[-3000:])
         assert len(lines_with(done.stderr, "owns the tables")) == 1, done.stderr
         assert "Traceback" not in done.stderr
+        if attempt == 0:  # and before FastMCP and the model load (a CPU-second a start)
+            imported = {
+                line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+            }
+            assert imported & {"fastmcp", "onnxruntime", "tokenizers"} == set()
 
 
 @pytest.mark.parametrize("wrong", ["password", "database"])

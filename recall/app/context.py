@@ -110,13 +110,9 @@ def build(settings: Settings, store: Store | None = None) -> App:
     """The parts, from the settings (ConfigError names what cannot serve); ``store`` replaces
     the configured one, for a test that runs routes over a store of its own."""
     os.umask(PRIVATE_UMASK)  # whatever builds the app: all it and its workers create is private
-    if problems := settings.problems():
-        raise ConfigError("; ".join(problems))
-    if not (allowed_hosts := settings.host_allowlist()):
-        raise ConfigError(
-            f"HOST {settings.host} is not loopback: set ALLOWED_HOSTS to the host names "
-            "clients reach this server by (comma-separated)"
-        )
+    if refused := settings.refusal():
+        raise ConfigError(refused)
+    allowed_hosts = settings.host_allowlist()
     verifier = build_verifier(settings)
     limits = settings.limits()
     recalls = BoundedRuns(settings.recall_concurrency, settings.recall_timeout)

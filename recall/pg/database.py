@@ -105,11 +105,22 @@ class Database:
         await self._pool.open(wait=False)
 
     async def start(self) -> None:
-        """A replica's start: one connection of its own first. ConfigError, in one line, when
-        the database answers and refuses us for good (authentication, no such database: a
-        misconfiguration) or the check refuses it: the pool is then never opened. When it does
-        not answer (an outage), the pool opens all the same and the check waits for the first
-        connection that succeeds."""
+        """A replica's start: one connection of its own first (``first_check``). When the
+        database does not answer (an outage), the pool opens all the same and the check waits
+        for the first connection that succeeds."""
+        if (outage := await self.first_check()) is not None:
+            log.warning(
+                "database unreachable at start (%s): requests answer 503 and /readyz "
+                '"database" until it answers; its role and schema are checked then',
+                outage,
+            )
+        await self.open()
+
+    async def first_check(self) -> str | None:
+        """One connection of its own and the role and schema check on it. ConfigError, in one
+        line, when the database answers and refuses us for good (authentication, no such
+        database: a misconfiguration) or the check refuses it: the pool is then never opened.
+        The outage's first line when it does not answer; None when the check passed."""
         try:
             conn = await psycopg.AsyncConnection.connect(
                 self._url, autocommit=True, connect_timeout=CONNECT_SECONDS
@@ -122,18 +133,13 @@ class Database:
                     f"DATABASE_URL: the database refused the connection: {reason}; check the "
                     "role, its password and the database name"
                 ) from exc
-            log.warning(
-                "database unreachable at start (%s): requests answer 503 and /readyz "
-                '"database" until it answers; its role and schema are checked then',
-                _first_line(exc),
-            )
-        else:
-            async with conn:
-                try:
-                    await self._checked(conn)
-                except DatabaseRefused:
-                    raise ConfigError(self.refused) from None
-        await self.open()
+            return _first_line(exc)
+        async with conn:
+            try:
+                await self._checked(conn)
+            except DatabaseRefused:
+                raise ConfigError(self.refused) from None
+        return None
 
     async def refusal(self) -> str:
         """Waits until the check refused the database (never, while it has not); why."""
@@ -305,6 +311,21 @@ def _check_committed(cur: psycopg.AsyncCursor[Any]) -> None:
         raise psycopg.errors.InFailedSqlTransaction(
             "the transaction was rolled back at its end (a statement in it failed)"
         )
+
+
+def refused_at_start(url: str) -> str | None:
+    """Why a replica must not serve from the database at ``url`` (Database.start's ConfigError),
+    seen on one connection before the server loads its model and app; None when the check
+    passed or the database does not answer (the server's own start then waits for it)."""
+
+    async def first_check() -> str | None:
+        try:
+            await Database(url, 1).first_check()  # its pool is never opened
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    return asyncio.run(first_check())
 
 
 def misconfigured(exc: psycopg.OperationalError) -> str | None:
