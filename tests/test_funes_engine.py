@@ -57,7 +57,11 @@ def module_server(
     tmp_path_factory: pytest.TempPathFactory, module_funes: FakeFunes
 ) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("funes-engine-server")
-    with make_server(workdir, ENGINE="funes", FUNES_BIN=str(module_funes.path)).start() as server:
+    # HF_HOME and a variable funes must not see: for the cleared-environment test
+    settings = {"HF_HOME": str(workdir / "models"), "SECRET_THING": "must-not-leak"}
+    with make_server(
+        workdir, ENGINE="funes", FUNES_BIN=str(module_funes.path), **settings
+    ).start() as server:
         yield server
 
 
@@ -96,26 +100,24 @@ async def test_query_is_cut_at_500_characters(funes_server: Server, fake_funes: 
     assert len(fake_funes.calls("recall")[-1]["argv"][-1]) == 500
 
 
-async def test_funes_runs_with_a_cleared_environment(tmp_path: Path, fake_funes: FakeFunes) -> None:
-    models = tmp_path / "models"
-    with make_server(
-        tmp_path,
-        ENGINE="funes",
-        FUNES_BIN=str(fake_funes.path),
-        HF_HOME=str(models),
-        SECRET_THING="must-not-leak",
-    ).start() as server:
-        seed_alice(server)
-        await server.recall("alice", "MT-4471")
-        for call in fake_funes.calls():
-            env = dict(call["env"])
-            env.pop("LC_CTYPE", None)  # set by the stand-in's own Python interpreter at startup
-            assert env == {
-                "FUNES_HOME": str(server.home("alice")),
-                "HF_HOME": str(models),
-                "HF_HUB_OFFLINE": "1",
-                "PATH": server.env["PATH"],
-            }
+async def test_funes_runs_with_a_cleared_environment(
+    funes_server: Server, fake_funes: FakeFunes
+) -> None:
+    # given the server's settings hold HF_HOME and SECRET_THING (module_server)
+    assert funes_server.env["SECRET_THING"] == "must-not-leak"
+    seed_alice(funes_server)
+    await funes_server.recall("alice", "MT-4471")
+    calls = fake_funes.calls()
+    assert calls  # the recall's, at least
+    for call in calls:
+        env = dict(call["env"])
+        env.pop("LC_CTYPE", None)  # set by the stand-in's own Python interpreter at startup
+        assert env == {
+            "FUNES_HOME": str(funes_server.home("alice")),
+            "HF_HOME": funes_server.env["HF_HOME"],
+            "HF_HUB_OFFLINE": "1",
+            "PATH": funes_server.env["PATH"],
+        }
 
 
 async def test_hint_lines_are_removed_and_passages_kept(
