@@ -272,33 +272,44 @@ def signed_with(private_pem: str, algorithm: str, payload: dict[str, Any]) -> st
     return jwt.encode({"alg": algorithm}, payload, key, algorithms=[algorithm])
 
 
-def test_a_public_key_file_is_trusted_like_a_public_key_in_the_environment(
-    tmp_path: Path, fake_funes: FakeFunes
-) -> None:
-    # given the identity provider's public key in a file, not in the environment
+@pytest.fixture(scope="module")
+def key_file_server(
+    tmp_path_factory: pytest.TempPathFactory, fake_funes: FakeFunes
+) -> Iterator[tuple[Server, RSAKeyPair]]:
+    """A JWT server whose key is in a file (JWT_PUBLIC_KEY_FILE), accepting RS256 and PS256:
+    the settings of the next two tests, which need no server each (a start costs seconds)."""
     keys = RSAKeyPair.generate()
-    key_file = tmp_path / "idp-public.pem"
+    workdir = tmp_path_factory.mktemp("auth-key-file")
+    key_file = workdir / "idp-public.pem"
     key_file.write_text(keys.public_key)
     settings = {**jwt_settings(keys, fake_funes), "JWT_PUBLIC_KEY": ""}
-    with make_server(tmp_path, **settings, JWT_PUBLIC_KEY_FILE=str(key_file)).start() as server:
-        # when tokens are presented, then the key in the file decides
-        assert mcp_status(server, signed(keys, claims())) == 200
-        assert mcp_status(server, signed(RSAKeyPair.generate(), claims())) == 401
+    settings |= {"JWT_PUBLIC_KEY_FILE": str(key_file), "JWT_ALGORITHMS": "RS256, PS256"}
+    with make_server(workdir, **settings).start() as server:
+        yield server, keys
+
+
+def test_a_public_key_file_is_trusted_like_a_public_key_in_the_environment(
+    key_file_server: tuple[Server, RSAKeyPair],
+) -> None:
+    # given the identity provider's public key in a file, not in the environment
+    server, keys = key_file_server
+    assert server.env["JWT_PUBLIC_KEY"] == "" and server.env["JWT_PUBLIC_KEY_FILE"]
+    # when tokens are presented, then the key in the file decides
+    assert mcp_status(server, signed(keys, claims())) == 200
+    assert mcp_status(server, signed(RSAKeyPair.generate(), claims())) == 401
 
 
 def test_jwt_algorithms_accepts_each_listed_algorithm_and_names_an_unlisted_one_in_the_log(
-    tmp_path: Path, fake_funes: FakeFunes
+    key_file_server: tuple[Server, RSAKeyPair],
 ) -> None:
     # given a server accepting RS256 and PS256 from one RSA key
-    keys = RSAKeyPair.generate()
+    server, keys = key_file_server
     private = keys.private_key.get_secret_value()
-    settings = jwt_settings(keys, fake_funes)
-    with make_server(tmp_path, **settings, JWT_ALGORITHMS="RS256, PS256").start() as server:
-        # when tokens signed each way arrive, then the listed ones get in and RS384 does not
-        statuses = {
-            algorithm: mcp_status(server, signed_with(private, algorithm, claims()))
-            for algorithm in ("RS256", "PS256", "RS384")
-        }
+    # when tokens signed each way arrive, then the listed ones get in and RS384 does not
+    statuses = {
+        algorithm: mcp_status(server, signed_with(private, algorithm, claims()))
+        for algorithm in ("RS256", "PS256", "RS384")
+    }
     assert statuses == {"RS256": 200, "PS256": 200, "RS384": 401}
     assert "bearer token refused: signed with RS384, not in JWT_ALGORITHMS" in server.log()
 
