@@ -265,22 +265,49 @@ async def test_missing_binary_gives_the_fail_soft_text(
     assert "funes could not start" in funes_server.log()
 
 
-async def test_timeout_fails_soft_in_time_and_leaves_no_process(
-    tmp_path: Path, fake_funes: FakeFunes
-) -> None:
+# The two timeout tests share one server that times recalls out after a second and runs one at
+# a time, on a stand-in of its own (each sees its calls from its own start, and sets its control
+# back): a server start costs seconds of CPU.
+@pytest.fixture(scope="module")
+def impatient_funes(tmp_path_factory: pytest.TempPathFactory) -> FakeFunes:
+    return install_fake_funes(tmp_path_factory.mktemp("funes-impatient") / "funes-bin")
+
+
+@pytest.fixture(scope="module")
+def impatient_server(
+    tmp_path_factory: pytest.TempPathFactory, impatient_funes: FakeFunes
+) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("funes-impatient-server")
+    settings = {"RECALL_TIMEOUT": "1", "RECALL_CONCURRENCY": "1"}
     with make_server(
-        tmp_path, ENGINE="funes", FUNES_BIN=str(fake_funes.path), RECALL_TIMEOUT="1"
+        workdir, ENGINE="funes", FUNES_BIN=str(impatient_funes.path), **settings
     ).start() as server:
         seed_alice(server)
-        fake_funes.control(mode="sleep", sleep=120, spawn_child=True)
-        started = time.monotonic()
-        assert await server.recall("alice", "MT-4471") == UNAVAILABLE
-        # long before funes would have answered: the timeout ended it (a margin for load)
-        assert time.monotonic() - started < 30
-        recall_pid = fake_funes.calls("recall")[-1]["pid"]
-        child_pid = next(e["pid"] for e in fake_funes.events() if e["event"] == "child")
-        wait_for(lambda: not alive(recall_pid) and not alive(child_pid), timeout=30)
-        assert "timed out" in server.log()
+        yield server
+
+
+@pytest.fixture
+def impatient(
+    impatient_server: Server, impatient_funes: FakeFunes
+) -> Iterator[tuple[Server, FakeFunes]]:
+    yield impatient_server, impatient_funes.from_now()
+    impatient_funes.control()
+
+
+async def test_timeout_fails_soft_in_time_and_leaves_no_process(
+    impatient: tuple[Server, FakeFunes],
+) -> None:
+    server, fake_funes = impatient
+    logged = len(server.log())
+    fake_funes.control(mode="sleep", sleep=120, spawn_child=True)
+    started = time.monotonic()
+    assert await server.recall("alice", "MT-4471") == UNAVAILABLE
+    # long before funes would have answered: the timeout ended it (a margin for load)
+    assert time.monotonic() - started < 30
+    recall_pid = fake_funes.calls("recall")[-1]["pid"]
+    child_pid = next(e["pid"] for e in fake_funes.events() if e["event"] == "child")
+    wait_for(lambda: not alive(recall_pid) and not alive(child_pid), timeout=30)
+    assert "timed out" in server.log()[logged:]
 
 
 def alive(pid: int) -> bool:
@@ -291,28 +318,22 @@ def alive(pid: int) -> bool:
 
 
 async def test_a_timed_out_recall_keeps_its_slot_until_its_process_is_gone(
-    tmp_path: Path, fake_funes: FakeFunes
+    impatient: tuple[Server, FakeFunes],
 ) -> None:
-    with make_server(
-        tmp_path,
-        ENGINE="funes",
-        FUNES_BIN=str(fake_funes.path),
-        RECALL_CONCURRENCY="1",
-        RECALL_TIMEOUT="0.5",
-    ).start() as server:
-        # Given a funes that takes far longer than the timeout
-        seed_alice(server)
-        fake_funes.control(mode="sleep", sleep=30)
-        # When recalls time out, one after another and then several at once
-        for _ in range(3):
-            assert await server.recall("alice", "MT-4471") == UNAVAILABLE
-        answers = await asyncio.gather(*(server.recall("alice", "MT-4471") for _ in range(4)))
-        assert answers == [UNAVAILABLE] * 4
-        # Then every recall process is gone, and no two were ever alive at once
-        pids = {e["pid"] for e in fake_funes.calls("recall")}
-        assert len(pids) >= 3
-        wait_for(lambda: not any(alive(pid) for pid in pids), timeout=30)
-        assert most_at_once(fake_funes, "recall") == 1
+    # Given a funes that takes far longer than the timeout, on a server of one recall at a time
+    server, fake_funes = impatient
+    assert server.env["RECALL_CONCURRENCY"] == "1"
+    fake_funes.control(mode="sleep", sleep=30)
+    # When recalls time out, one after another and then several at once
+    for _ in range(3):
+        assert await server.recall("alice", "MT-4471") == UNAVAILABLE
+    answers = await asyncio.gather(*(server.recall("alice", "MT-4471") for _ in range(4)))
+    assert answers == [UNAVAILABLE] * 4
+    # Then every recall process is gone, and no two were ever alive at once
+    pids = {e["pid"] for e in fake_funes.calls("recall")}
+    assert len(pids) >= 3
+    wait_for(lambda: not any(alive(pid) for pid in pids), timeout=30)
+    assert most_at_once(fake_funes, "recall") == 1
 
 
 def most_at_once(funes: FakeFunes, command: str) -> int:
