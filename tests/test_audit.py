@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Backing, FakeFunes, Server, conversation, make_server
+from conftest import Backing, FakeFunes, Server, conversation, install_fake_funes, make_server
 
 from recall.domain.answers import NEVER_MENTIONED, NO_MEMORY, NOT_YET, Passage, Recalled
 from recall.domain.audit import entry
@@ -39,6 +39,28 @@ def embedded(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) 
     server.wait_indexed("alice")
     yield server
     server.stop()
+
+
+# A server start costs seconds of CPU: the funes tests (bob's and alice's) share one server and
+# stand-in; each sees the stand-in's calls from its own start on and leaves its control as it was.
+@pytest.fixture(scope="module")
+def module_funes(tmp_path_factory: pytest.TempPathFactory) -> FakeFunes:
+    return install_fake_funes(tmp_path_factory.mktemp("audit-funes") / "funes-bin")
+
+
+@pytest.fixture
+def fake_funes(module_funes: FakeFunes) -> Iterator[FakeFunes]:
+    yield module_funes.from_now()
+    module_funes.control()
+
+
+@pytest.fixture(scope="module")
+def funes_server(
+    tmp_path_factory: pytest.TempPathFactory, module_funes: FakeFunes
+) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("audit-funes-server")
+    with make_server(workdir, ENGINE="funes", FUNES_BIN=str(module_funes.path)).start() as server:
+        yield server
 
 
 async def test_each_tool_call_is_audited_with_client_query_and_the_passages_times(

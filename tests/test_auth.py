@@ -272,33 +272,44 @@ def signed_with(private_pem: str, algorithm: str, payload: dict[str, Any]) -> st
     return jwt.encode({"alg": algorithm}, payload, key, algorithms=[algorithm])
 
 
-def test_a_public_key_file_is_trusted_like_a_public_key_in_the_environment(
-    tmp_path: Path, fake_funes: FakeFunes
-) -> None:
-    # given the identity provider's public key in a file, not in the environment
+@pytest.fixture(scope="module")
+def key_file_server(
+    tmp_path_factory: pytest.TempPathFactory, fake_funes: FakeFunes
+) -> Iterator[tuple[Server, RSAKeyPair]]:
+    """A JWT server whose key is in a file (JWT_PUBLIC_KEY_FILE), accepting RS256 and PS256:
+    the settings of the next two tests, which need no server each (a start costs seconds)."""
     keys = RSAKeyPair.generate()
-    key_file = tmp_path / "idp-public.pem"
+    workdir = tmp_path_factory.mktemp("auth-key-file")
+    key_file = workdir / "idp-public.pem"
     key_file.write_text(keys.public_key)
     settings = {**jwt_settings(keys, fake_funes), "JWT_PUBLIC_KEY": ""}
-    with make_server(tmp_path, **settings, JWT_PUBLIC_KEY_FILE=str(key_file)).start() as server:
-        # when tokens are presented, then the key in the file decides
-        assert mcp_status(server, signed(keys, claims())) == 200
-        assert mcp_status(server, signed(RSAKeyPair.generate(), claims())) == 401
+    settings |= {"JWT_PUBLIC_KEY_FILE": str(key_file), "JWT_ALGORITHMS": "RS256, PS256"}
+    with make_server(workdir, **settings).start() as server:
+        yield server, keys
+
+
+def test_a_public_key_file_is_trusted_like_a_public_key_in_the_environment(
+    key_file_server: tuple[Server, RSAKeyPair],
+) -> None:
+    # given the identity provider's public key in a file, not in the environment
+    server, keys = key_file_server
+    assert server.env["JWT_PUBLIC_KEY"] == "" and server.env["JWT_PUBLIC_KEY_FILE"]
+    # when tokens are presented, then the key in the file decides
+    assert mcp_status(server, signed(keys, claims())) == 200
+    assert mcp_status(server, signed(RSAKeyPair.generate(), claims())) == 401
 
 
 def test_jwt_algorithms_accepts_each_listed_algorithm_and_names_an_unlisted_one_in_the_log(
-    tmp_path: Path, fake_funes: FakeFunes
+    key_file_server: tuple[Server, RSAKeyPair],
 ) -> None:
     # given a server accepting RS256 and PS256 from one RSA key
-    keys = RSAKeyPair.generate()
+    server, keys = key_file_server
     private = keys.private_key.get_secret_value()
-    settings = jwt_settings(keys, fake_funes)
-    with make_server(tmp_path, **settings, JWT_ALGORITHMS="RS256, PS256").start() as server:
-        # when tokens signed each way arrive, then the listed ones get in and RS384 does not
-        statuses = {
-            algorithm: mcp_status(server, signed_with(private, algorithm, claims()))
-            for algorithm in ("RS256", "PS256", "RS384")
-        }
+    # when tokens signed each way arrive, then the listed ones get in and RS384 does not
+    statuses = {
+        algorithm: mcp_status(server, signed_with(private, algorithm, claims()))
+        for algorithm in ("RS256", "PS256", "RS384")
+    }
     assert statuses == {"RS256": 200, "PS256": 200, "RS384": 401}
     assert "bearer token refused: signed with RS384, not in JWT_ALGORITHMS" in server.log()
 
@@ -380,7 +391,7 @@ def nested_header_token(depth: int = 1500) -> str:
 
 @pytest.mark.parametrize("mode", ["jwt", "demo tokens"])
 def test_a_malformed_bearer_token_is_401_at_mcp_and_api_me_and_breaks_no_other_route(
-    tmp_path: Path, fake_funes: FakeFunes, mode: str
+    tmp_path: Path, fake_funes: FakeFunes, mode: str, request: pytest.FixtureRequest
 ) -> None:
     # given a server verifying JWTs (or demo tokens), and tokens it cannot parse: a header
     # nested too deep for JSON, and one correctly signed but with "exp": Infinity
@@ -389,7 +400,15 @@ def test_a_malformed_bearer_token_is_401_at_mcp_and_api_me_and_breaks_no_other_r
         "nested header": nested_header_token(),
         "infinite exp": signed(keys, claims(exp=float("inf"))),  # joserfc writes Infinity
     }
-    with make_server(tmp_path, **mode_settings(mode, keys, fake_funes)).start() as server:
+    # (JWTs: a server of its own, whose log shows the rate-limited refusal line; demo tokens:
+    # the module's, its log read from here on)
+    if mode == "jwt":
+        running = make_server(tmp_path, **mode_settings(mode, keys, fake_funes)).start()
+        logged = 0
+    else:
+        shared: Server = request.getfixturevalue("funes_server")
+        running, logged = contextlib.nullcontext(shared), len(shared.log())
+    with running as server:
         # when each is sent on every kind of route
         statuses = {
             why: {
@@ -410,7 +429,7 @@ def test_a_malformed_bearer_token_is_401_at_mcp_and_api_me_and_breaks_no_other_r
     # then the token routes refuse it, the others answer as without it, and nothing crashed
     expected = {"/healthz": 200, "/mcp": 401, "/api/me": 401, "/turns": 202}
     assert statuses == {why: expected for why in malformed}
-    log = server.log()
+    log = server.log()[logged:]
     assert "Traceback" not in log and "Exception in ASGI application" not in log
     if mode == "jwt":  # a fixed line when the verifier raised, quoting nothing (rate-limited)
         assert MALFORMED in log

@@ -57,7 +57,11 @@ def module_server(
     tmp_path_factory: pytest.TempPathFactory, module_funes: FakeFunes
 ) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("funes-engine-server")
-    with make_server(workdir, ENGINE="funes", FUNES_BIN=str(module_funes.path)).start() as server:
+    # HF_HOME and a variable funes must not see: for the cleared-environment test
+    settings = {"HF_HOME": str(workdir / "models"), "SECRET_THING": "must-not-leak"}
+    with make_server(
+        workdir, ENGINE="funes", FUNES_BIN=str(module_funes.path), **settings
+    ).start() as server:
         yield server
 
 
@@ -96,26 +100,24 @@ async def test_query_is_cut_at_500_characters(funes_server: Server, fake_funes: 
     assert len(fake_funes.calls("recall")[-1]["argv"][-1]) == 500
 
 
-async def test_funes_runs_with_a_cleared_environment(tmp_path: Path, fake_funes: FakeFunes) -> None:
-    models = tmp_path / "models"
-    with make_server(
-        tmp_path,
-        ENGINE="funes",
-        FUNES_BIN=str(fake_funes.path),
-        HF_HOME=str(models),
-        SECRET_THING="must-not-leak",
-    ).start() as server:
-        seed_alice(server)
-        await server.recall("alice", "MT-4471")
-        for call in fake_funes.calls():
-            env = dict(call["env"])
-            env.pop("LC_CTYPE", None)  # set by the stand-in's own Python interpreter at startup
-            assert env == {
-                "FUNES_HOME": str(server.home("alice")),
-                "HF_HOME": str(models),
-                "HF_HUB_OFFLINE": "1",
-                "PATH": server.env["PATH"],
-            }
+async def test_funes_runs_with_a_cleared_environment(
+    funes_server: Server, fake_funes: FakeFunes
+) -> None:
+    # given the server's settings hold HF_HOME and SECRET_THING (module_server)
+    assert funes_server.env["SECRET_THING"] == "must-not-leak"
+    seed_alice(funes_server)
+    await funes_server.recall("alice", "MT-4471")
+    calls = fake_funes.calls()
+    assert calls  # the recall's, at least
+    for call in calls:
+        env = dict(call["env"])
+        env.pop("LC_CTYPE", None)  # set by the stand-in's own Python interpreter at startup
+        assert env == {
+            "FUNES_HOME": str(funes_server.home("alice")),
+            "HF_HOME": funes_server.env["HF_HOME"],
+            "HF_HUB_OFFLINE": "1",
+            "PATH": funes_server.env["PATH"],
+        }
 
 
 async def test_hint_lines_are_removed_and_passages_kept(
@@ -263,22 +265,49 @@ async def test_missing_binary_gives_the_fail_soft_text(
     assert "funes could not start" in funes_server.log()
 
 
-async def test_timeout_fails_soft_in_time_and_leaves_no_process(
-    tmp_path: Path, fake_funes: FakeFunes
-) -> None:
+# The two timeout tests share one server that times recalls out after a second and runs one at
+# a time, on a stand-in of its own (each sees its calls from its own start, and sets its control
+# back): a server start costs seconds of CPU.
+@pytest.fixture(scope="module")
+def impatient_funes(tmp_path_factory: pytest.TempPathFactory) -> FakeFunes:
+    return install_fake_funes(tmp_path_factory.mktemp("funes-impatient") / "funes-bin")
+
+
+@pytest.fixture(scope="module")
+def impatient_server(
+    tmp_path_factory: pytest.TempPathFactory, impatient_funes: FakeFunes
+) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("funes-impatient-server")
+    settings = {"RECALL_TIMEOUT": "1", "RECALL_CONCURRENCY": "1"}
     with make_server(
-        tmp_path, ENGINE="funes", FUNES_BIN=str(fake_funes.path), RECALL_TIMEOUT="1"
+        workdir, ENGINE="funes", FUNES_BIN=str(impatient_funes.path), **settings
     ).start() as server:
         seed_alice(server)
-        fake_funes.control(mode="sleep", sleep=120, spawn_child=True)
-        started = time.monotonic()
-        assert await server.recall("alice", "MT-4471") == UNAVAILABLE
-        # long before funes would have answered: the timeout ended it (a margin for load)
-        assert time.monotonic() - started < 30
-        recall_pid = fake_funes.calls("recall")[-1]["pid"]
-        child_pid = next(e["pid"] for e in fake_funes.events() if e["event"] == "child")
-        wait_for(lambda: not alive(recall_pid) and not alive(child_pid), timeout=30)
-        assert "timed out" in server.log()
+        yield server
+
+
+@pytest.fixture
+def impatient(
+    impatient_server: Server, impatient_funes: FakeFunes
+) -> Iterator[tuple[Server, FakeFunes]]:
+    yield impatient_server, impatient_funes.from_now()
+    impatient_funes.control()
+
+
+async def test_timeout_fails_soft_in_time_and_leaves_no_process(
+    impatient: tuple[Server, FakeFunes],
+) -> None:
+    server, fake_funes = impatient
+    logged = len(server.log())
+    fake_funes.control(mode="sleep", sleep=120, spawn_child=True)
+    started = time.monotonic()
+    assert await server.recall("alice", "MT-4471") == UNAVAILABLE
+    # long before funes would have answered: the timeout ended it (a margin for load)
+    assert time.monotonic() - started < 30
+    recall_pid = fake_funes.calls("recall")[-1]["pid"]
+    child_pid = next(e["pid"] for e in fake_funes.events() if e["event"] == "child")
+    wait_for(lambda: not alive(recall_pid) and not alive(child_pid), timeout=30)
+    assert "timed out" in server.log()[logged:]
 
 
 def alive(pid: int) -> bool:
@@ -289,28 +318,22 @@ def alive(pid: int) -> bool:
 
 
 async def test_a_timed_out_recall_keeps_its_slot_until_its_process_is_gone(
-    tmp_path: Path, fake_funes: FakeFunes
+    impatient: tuple[Server, FakeFunes],
 ) -> None:
-    with make_server(
-        tmp_path,
-        ENGINE="funes",
-        FUNES_BIN=str(fake_funes.path),
-        RECALL_CONCURRENCY="1",
-        RECALL_TIMEOUT="0.5",
-    ).start() as server:
-        # Given a funes that takes far longer than the timeout
-        seed_alice(server)
-        fake_funes.control(mode="sleep", sleep=30)
-        # When recalls time out, one after another and then several at once
-        for _ in range(3):
-            assert await server.recall("alice", "MT-4471") == UNAVAILABLE
-        answers = await asyncio.gather(*(server.recall("alice", "MT-4471") for _ in range(4)))
-        assert answers == [UNAVAILABLE] * 4
-        # Then every recall process is gone, and no two were ever alive at once
-        pids = {e["pid"] for e in fake_funes.calls("recall")}
-        assert len(pids) >= 3
-        wait_for(lambda: not any(alive(pid) for pid in pids), timeout=30)
-        assert most_at_once(fake_funes, "recall") == 1
+    # Given a funes that takes far longer than the timeout, on a server of one recall at a time
+    server, fake_funes = impatient
+    assert server.env["RECALL_CONCURRENCY"] == "1"
+    fake_funes.control(mode="sleep", sleep=30)
+    # When recalls time out, one after another and then several at once
+    for _ in range(3):
+        assert await server.recall("alice", "MT-4471") == UNAVAILABLE
+    answers = await asyncio.gather(*(server.recall("alice", "MT-4471") for _ in range(4)))
+    assert answers == [UNAVAILABLE] * 4
+    # Then every recall process is gone, and no two were ever alive at once
+    pids = {e["pid"] for e in fake_funes.calls("recall")}
+    assert len(pids) >= 3
+    wait_for(lambda: not any(alive(pid) for pid in pids), timeout=30)
+    assert most_at_once(fake_funes, "recall") == 1
 
 
 def most_at_once(funes: FakeFunes, command: str) -> int:

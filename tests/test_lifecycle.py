@@ -5,6 +5,7 @@ recall, not in the index's bytes (its rows)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -549,17 +550,39 @@ def test_a_torn_last_receipt_line_is_skipped_and_never_appended_onto(
 # --- retention --------------------------------------------------------------------------------
 
 
+RETENTION = {"RETENTION_DAYS": "30", "RETENTION_SWEEP_SECONDS": "0.3"}
+# bob's audit as the embedded retention server finds it at start: a line from long ago, one today
+OLD_AUDIT = {"at": "2020-01-01T00:00:00Z", "client": "c", "query": SECRET, "outcome": "passages"}
+
+
+@pytest.fixture(scope="module")
+def embedded_retention(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server with a retention on the embedded engine, for the retention tests of alice's
+    conversations and of bob's audit (a server start costs seconds of CPU)."""
+    server = make_server(tmp_path_factory.mktemp("retention"), ENGINE="embedded", **RETENTION)
+    home = server.home("bob")
+    home.mkdir(parents=True)
+    recent = {"at": later(0), "client": "c", "query": KEPT, "outcome": "nothing_found"}
+    (home / "audit.jsonl").write_text(json.dumps(OLD_AUDIT) + "\n" + json.dumps(recent) + "\n")
+    with server.start():
+        yield server
+
+
 @pytest.mark.parametrize("store", STORES)
 async def test_retention_forgets_conversations_whose_last_turn_is_older(
     tmp_path: Path, store: str, request: pytest.FixtureRequest
 ) -> None:
-    settings = {"ENGINE": store, "RETENTION_DAYS": "30", "RETENTION_SWEEP_SECONDS": "0.3"}
+    settings = {"ENGINE": store, **RETENTION}
     if store == "funes":
         settings["FUNES_BIN"] = str(install_fake_funes(tmp_path / "funes-bin").path)
     if store == "postgres":
         database = request.getfixturevalue("pg_database")
         settings.update(ENGINE="embedded", STORE="postgres", DATABASE_URL=database.app_url)
-    with make_server(tmp_path, **settings).start() as server:
+    if store == "embedded":
+        running = contextlib.nullcontext(request.getfixturevalue("embedded_retention"))
+    else:
+        running = make_server(tmp_path, **settings).start()
+    with running as server:
         old = conversation("alice", "old", f"Long ago {SECRET}.", "Ok.")
         recent = {
             "user": "alice",
@@ -676,21 +699,13 @@ def test_a_recall_that_overlapped_a_forget_hides_it_and_a_later_one_does_not() -
     assert windows.hidden(home, time.monotonic()) == set()  # began after: reads a clean index
 
 
-def test_retention_also_drops_old_lines_of_the_recall_audit(tmp_path: Path) -> None:
-    # Given a user whose audit holds a line from long ago and one from today
-    server = make_server(
-        tmp_path, ENGINE="embedded", RETENTION_DAYS="30", RETENTION_SWEEP_SECONDS="0.3"
-    )
-    home = server.home("alice")
-    home.mkdir(parents=True)
-    old = {"at": "2020-01-01T00:00:00Z", "client": "c", "query": SECRET, "outcome": "passages"}
-    recent = {"at": later(0), "client": "c", "query": KEPT, "outcome": "nothing_found"}
-    (home / "audit.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(recent) + "\n")
-
+def test_retention_also_drops_old_lines_of_the_recall_audit(embedded_retention: Server) -> None:
+    # Given a user whose audit holds a line from long ago and one from today (bob's, written
+    # before the server started)
     # When a server with a retention starts (it sweeps at once)
-    with server.start():
-        wait_for(lambda: SECRET not in (home / "audit.jsonl").read_text(), timeout=60)
-        status, answer = server.post({"user": "alice"}, route="/audit")
+    server, home = embedded_retention, embedded_retention.home("bob")
+    wait_for(lambda: SECRET not in (home / "audit.jsonl").read_text(), timeout=60)
+    status, answer = server.post({"user": "bob"}, route="/audit")
 
     # Then the old line is gone and the recent one kept
     assert status == 200

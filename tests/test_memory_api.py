@@ -107,8 +107,8 @@ def as_user(server: Server, user: str, method: str, path: str, body: Any = None)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, module_backing: Backing) -> Iterator[Server]:
     workdir = tmp_path_factory.mktemp("memory-api")
-    # erin never posts; dana's conversations come with the `dana` fixture
-    users = ("alice", "bob", "carol", "dana", "erin")
+    # erin never posts; dana's conversations come with the `dana` fixture; frank's with his test
+    users = ("alice", "bob", "carol", "dana", "erin", "frank")
     server = make_server(workdir, ENGINE="embedded", users=users, **module_backing.settings)
     server.start()
     for body in (ALICE_SYNC, BOB_SYNC, ALICE_PALLETS, BOB_PALLETS, CAROL_GARDEN):
@@ -537,17 +537,29 @@ def test_the_api_answers_are_never_cached_or_sniffed(server: Server) -> None:
     assert headers["content-security-policy"] == "default-src 'none'; frame-ancestors 'none'"
 
 
-def test_the_log_holds_no_token_user_id_query_or_conversation_id(tmp_path: Path) -> None:
-    with make_server(tmp_path, ENGINE="embedded").start() as fresh:
-        # given alice used every route of the page
-        assert fresh.post(ALICE_SYNC)[0] == 202
-        fresh.wait_indexed("alice")
-        for method, path, body in ENDPOINTS:
-            as_user(fresh, "alice", method, path, body)
-        log = fresh.log()
+# frank's own conversation, for the log test: words no other user's conversation holds.
+FRANK_SYNC = conversation(
+    "frank",
+    "frank-standup",
+    "Who owns ticket QX-5813 for the Z-9 kiln?",
+    "Ottilie from tooling owns QX-5813.",
+    day=8,
+)
+
+
+def test_the_log_holds_no_token_user_id_query_or_conversation_id(server: Server) -> None:
+    # given frank (a user of his own on the module's server) used every route of the page
+    logged = len(server.log())
+    assert server.post(FRANK_SYNC)[0] == 202
+    server.wait_indexed("frank")
+    routes = {"weekly-sync": "frank-standup", "MT-4471": "QX-5813"}
+    for method, path, body in ENDPOINTS:
+        mine = {key: routes.get(value, value) for key, value in body.items()} if body else None
+        as_user(server, "frank", method, path, mine)
+    log = server.log()[logged:]  # what his requests logged
     # then the log names none of them: ids and queries travel in bodies, never in URLs
     assert "/api/me/conversation" in log  # the access log is on
-    for secret in [*fresh.tokens.values(), "alice", "weekly-sync", "MT-4471", "Dana"]:
+    for secret in [*server.tokens.values(), "frank", "frank-standup", "QX-5813", "Ottilie"]:
         assert secret not in log, secret
 
 

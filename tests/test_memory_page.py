@@ -10,20 +10,24 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from conftest import Server, turn
 
 from devtools.demo import CHROMIUM, CHROMIUM_ARGS, seeded_demo
 from recall.domain.conversation import conversation_ref, user_dir_name
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason=f"{CHROMIUM} is absent: the memory page's browser test needs Debian's chromium "
-    "(apt-get install chromium; CI installs it)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"{CHROMIUM} is absent: the memory page's browser test needs Debian's chromium "
+        "(apt-get install chromium; CI installs it)",
+    ),
+    pytest.mark.asyncio(loop_scope="module"),  # the module's one browser lives in one loop
+]
 playwright_api = pytest.importorskip("playwright.async_api", reason="the test extra's playwright")
+Browser = playwright_api.Browser
 Page = playwright_api.Page
 Locator = playwright_api.Locator
 
@@ -90,33 +94,42 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         server.stop()
 
 
-@pytest.fixture
-async def page(tmp_path: Path) -> AsyncIterator[Page]:
-    """A fresh Chromium profile at a phone's width; fails the test on any script error and on
-    anything the page's Content-Security-Policy refused (an inline style, an innerHTML)."""
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    """One Chromium for the module (a launch costs about a second of CPU); each test gets a
+    context of its own in it (`page`)."""
     async with playwright_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),
-            executable_path=str(CHROMIUM),
-            args=CHROMIUM_ARGS,
-            viewport=PHONE,
-        )
-        errors: list[str] = []
-        page = browser.pages[0] if browser.pages else await browser.new_page()
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.on(
-            "console",
-            lambda message: (
-                errors.append(message.text)
-                if "Content Security Policy" in message.text or "Trusted Type" in message.text
-                else None
-            ),
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS
         )
         try:
-            yield page
+            yield browser
         finally:
             await browser.close()
-        assert errors == []
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    """A fresh browser context (its own storage, cookies and cache, as a fresh profile) at a
+    phone's width; fails the test on any script error and on anything the page's
+    Content-Security-Policy refused (an inline style, an innerHTML)."""
+    context = await browser.new_context(viewport=PHONE)
+    errors: list[str] = []
+    page = await context.new_page()
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on(
+        "console",
+        lambda message: (
+            errors.append(message.text)
+            if "Content Security Policy" in message.text or "Trusted Type" in message.text
+            else None
+        ),
+    )
+    try:
+        yield page
+    finally:
+        await context.close()
+    assert errors == []
 
 
 async def sign_in(page: Page, server: Server, user: str) -> None:

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from conftest import make_server
 from pg import PgDatabase
-from test_embedded_engine import CORPUS, CountingEmbedder
+from test_embedded_engine import CORPUS, CountingEmbedder, Remembered
 
 import recall.pg.index
 import recall.pg.source
@@ -35,7 +35,7 @@ from benchmark.history import generate
 from recall.domain.answers import UNAVAILABLE
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.domain.errors import EngineError
-from recall.embedder import Embedder, OnnxEmbedder
+from recall.embedder import QUERY_THREADS, Embedder
 from recall.files.engines.embedded.engine import EmbeddedEngine
 from recall.files.engines.embedded.store import bm25_pool, common_stems, connect, db_path
 from recall.files.layout import write_conversation
@@ -120,39 +120,19 @@ def history_bodies(n: int) -> tuple[list[dict], list[str]]:
     return bodies, queries + EXTRA_QUERIES
 
 
-class Remembered:
-    """The real model, each distinct text embedded once for the module: its tests index the
-    same histories in both stores and again with each runner, and a text's vector does not
-    depend on what else is embedded with it (CPU: issue 23)."""
+HISTORY = 120  # conversations: enough that "the" and "on" are common stems (common_floor)
 
-    def __init__(self, inner: OnnxEmbedder) -> None:
-        self.inner = inner
-        self.dim = inner.dim
-        self.fingerprint = inner.fingerprint
-        self._rows: dict[tuple[str, str], np.ndarray] = {}
-        self._lock = threading.Lock()  # index runs embed on threads of their own
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        return self._embed("text", texts, self.inner.embed)
-
-    def embed_query(self, texts: list[str]) -> np.ndarray:
-        return self._embed("query", texts, self.inner.embed_query)
-
-    def _embed(self, kind: str, texts: list[str], compute: Any) -> np.ndarray:
-        with self._lock:
-            missing = list(dict.fromkeys(t for t in texts if (kind, t) not in self._rows))
-        if missing:
-            for text, row in zip(missing, compute(missing), strict=True):
-                with self._lock:
-                    self._rows[(kind, text)] = row
-        with self._lock:
-            rows = [self._rows[(kind, t)] for t in texts]
-        return np.array(rows, dtype=np.float32).reshape(len(texts), self.dim)
+def first_of_history(n: int) -> list[dict]:
+    """The first ``n`` conversations of the history the first test indexes, with the extra
+    ones: texts the module's embedder (Remembered) has embedded once already."""
+    bodies, _ = history_bodies(HISTORY)
+    return bodies[:n] + bodies[HISTORY:]
 
 
 @pytest.fixture(scope="module")
 def embedder() -> Remembered:
-    return Remembered(load_embedder())
+    return Remembered(load_embedder(threads=QUERY_THREADS))
 
 
 @pytest.fixture
@@ -327,7 +307,7 @@ async def test_postgres_answers_every_query_as_the_embedded_engine_does(
 ) -> None:
     # Given one history stored in both stores and indexed by each (all posted first, as the
     # backfill would: rows get ids in the same order)
-    bodies, queries = history_bodies(120)
+    bodies, queries = history_bodies(HISTORY)
     home = tmp_path / user_dir_name(USER)
     for one in bodies:
         write_conversation(home, parse_conversation(one))
@@ -602,7 +582,7 @@ async def test_a_run_stopped_mid_way_is_finished_by_another_runner_once_its_leas
     tmp_path: Path,
 ) -> None:
     # Given a history of two flushes' worth, and replica A's runner caught in its second batch
-    bodies, _ = history_bodies(50)
+    bodies = first_of_history(50)
     await post(store, bodies)
     gate = Gate(embedder)
     first_db, second_db = Database(pg_database.app_url, 3), Database(pg_database.app_url, 3)
@@ -659,7 +639,7 @@ async def caught_mid_run(
     db: Database, embedder: Embedder, store: PgStore
 ) -> tuple[IndexRunner, Gate, list[str]]:
     """A runner held in its second batch; the conversations of that batch, in order."""
-    bodies, _ = history_bodies(50)
+    bodies = first_of_history(50)
     await post(store, bodies)
     gate = Gate(embedder)
     held = runner(db, gate, debounce=60.0)  # no second run of its own meanwhile
@@ -709,7 +689,7 @@ async def test_a_post_of_the_user_never_waits_for_an_index_flush_in_the_middle_o
         return totals
 
     monkeypatch.setattr(recall.pg.index, "_insert", held_insert)
-    bodies, _ = history_bodies(10)
+    bodies = first_of_history(10)
     await post(store, bodies)
     work = runner(db, embedder)
     await work.start()

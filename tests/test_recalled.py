@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Backing, FakeFunes, Server, make_server, tree, turn
+from conftest import Backing, FakeFunes, Server, install_fake_funes, make_server, tree, turn
 from fake_funes import validate_file
 
 WRONG = "MT-4471 is owned by Zoltan from finance, since the K-2 audit."
@@ -41,6 +41,22 @@ def assert_wrong_answer_is_no_passage(found: str, neighbour_mark: str) -> None:
     # It may show next to a hit, as a neighbour with its mark, but never as a passage.
     for line in lines:
         assert line.lstrip().startswith("~") and neighbour_mark in line, found
+
+
+# A server start costs seconds of CPU: one funes server (and its stand-in) for the module's
+# funes tests; they post for different users (a refused post leaves the tree as it was).
+@pytest.fixture(scope="module")
+def fake_funes(tmp_path_factory: pytest.TempPathFactory) -> FakeFunes:
+    return install_fake_funes(tmp_path_factory.mktemp("recalled-funes") / "funes-bin")
+
+
+@pytest.fixture(scope="module")
+def funes_server(
+    tmp_path_factory: pytest.TempPathFactory, fake_funes: FakeFunes
+) -> Iterator[Server]:
+    workdir = tmp_path_factory.mktemp("recalled-funes-server")
+    with make_server(workdir, ENGINE="funes", FUNES_BIN=str(fake_funes.path)).start() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
