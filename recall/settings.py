@@ -197,7 +197,9 @@ class Settings(BaseSettings):
         8,
         ge=1,
         le=200,
-        description="fused candidate pool (below 4 x k keeps funes' reranker off)",
+        description="funes' candidate pool (below 4 x k keeps its reranker off); the embedded "
+        "engine fuses pools of fixed depth; a value beyond theirs only appends closer-by-meaning "
+        "passages after them",
     )
     recall_timeout: float = Field(10.0, gt=0, description="seconds per recall")
     recall_concurrency: int = Field(

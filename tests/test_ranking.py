@@ -26,8 +26,10 @@ from recall.models import load_embedder
 from recall.ranking.pipeline import run_blocking
 from recall.ranking.search import (
     LEXICAL_POOL,
+    Candidate,
     Lexical,
     common_floor,
+    dense,
     lexical,
     order_pool,
     top_hits,
@@ -398,6 +400,39 @@ async def test_a_turn_next_to_a_better_hit_gives_its_place_to_another_passage(
 
     # Then the second place goes to the other conversation: "two" shows as "one"'s neighbour
     assert [hit.text for hit in hits] == ["one", "three"]
+
+
+def test_a_deeper_dense_leg_starts_with_the_shallower_one_even_among_equal_cosines() -> None:
+    # Given cosines with ties (a repeated turn embeds alike), across the cut at 3
+    ids = np.arange(10, 20)
+    scores = np.array([0.5, 0.9, 0.7, 0.7, 0.7, 0.1, 0.7, 0.2, 0.9, 0.3], dtype=np.float32)
+
+    # When the leg is read at each depth
+    legs = [dense(ids, scores, depth)[0] for depth in range(1, 11)]
+
+    # Then each is the next one's start, equal cosines in row order
+    assert legs[-1] == [11, 18, 12, 13, 14, 16, 10, 19, 17, 15]
+    assert all(legs[-1][: len(leg)] == leg for leg in legs)
+
+
+def test_rows_of_a_wider_pool_are_served_after_every_fused_row() -> None:
+    # Given two fused rows and, appended, a row holding the identifier asked for
+    def row(rowid: int, conv: str, ids: tuple[str, ...] = ()) -> Candidate:
+        return Candidate(rowid, conv, f"t{rowid}", 0, "2026-03-10T09:00:00Z", 0.0, "user", "x", ids)
+
+    rows = [row(1, "a"), row(2, "b"), row(3, "c", ("mt4471",))]
+    fused = {1: 0.03, 2: 0.02}
+
+    # When the top k are taken at each k
+    ranked = [
+        [hit.id for hit in top_hits(
+            rows, fused, k=k, newest=0.0, half_life_days=0.0, ids=("mt4471",), after=[3]
+        )]
+        for k in (1, 2, 3)
+    ]  # fmt: skip
+
+    # Then the appended row follows the fused ones, and each list starts the next
+    assert ranked == [[1], [1, 2], [1, 2, 3]]
 
 
 def test_the_blocking_driver_runs_a_pipeline_to_its_end_and_refuses_one_that_suspends() -> None:

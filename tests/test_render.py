@@ -130,6 +130,20 @@ def test_hits_share_the_character_cap_and_stay_under_it() -> None:
     assert len(output) <= 378
 
 
+def test_more_hits_never_shorten_the_first_three_blocks() -> None:
+    # Given three hits and a cap that cuts them, and the same three with two more after them
+    three = [(TICKET, AROUND_TICKET), (VAULT, AROUND_VAULT), (LATER, [])]
+    five = [*three, (hit(20, "2026-03-06T09:00:00Z", "user", FILLER), []), (VAULT, [])]
+    query = Query.parse("MT-4471 vault")
+
+    # When each is rendered at the same cap
+    short, longer = (render(hits, query, 900, USER) for hits in (three, five))
+
+    # Then the longer answer starts with the shorter one's three blocks, byte for byte
+    assert len(short.passages) == 3 and len(longer.passages) > 3
+    assert longer.text.startswith(short.text)
+
+
 def test_turns_further_away_follow_in_order_and_give_way_first_when_room_is_short() -> None:
     # Given a hit with two turns on each side: the adjacent ones longer than the far ones
     near_before = "Which ticket tracks the login timeouts in the mobile app, and who owns it now?"

@@ -22,7 +22,9 @@ import numpy as np
 
 from recall.ranking.render import NEIGHBOURS, Neighbour, gather_neighbours
 from recall.ranking.search import (
+    DENSE_DEPTH,
     DENSE_WEIGHT,
+    LEXICAL_DEPTH,
     LEXICAL_POOL,
     LEXICAL_WEIGHT,
     MIN_SIMILARITY,
@@ -101,31 +103,38 @@ async def rank(
     source: Source, query: Query, qvec: np.ndarray, ranking: Ranking
 ) -> tuple[Found, Notes]:
     """The best ``ranking.k`` passages for ``query`` (``qvec`` its vector) with their
-    neighbours, and the answer's notes; none when nothing is relevant."""
-    k, candidates = ranking.k, ranking.candidates
+    neighbours, and the answer's notes; none when nothing is relevant.
+
+    The legs' depths are fixed (search.DENSE_DEPTH, LEXICAL_DEPTH), so every setting ranks the
+    same fused list and ``k`` takes a prefix of it; ``ranking.candidates`` beyond DENSE_DEPTH
+    appends the dense leg's next rows after it, in cosine order. The notes read the fused rows
+    only, so they too are the same at any RECALL_CANDIDATES."""
     vectors = await source.vectors()
     by_words = (
-        await lexical_leg(source, query, candidates * LEXICAL_POOL)
+        await lexical_leg(source, query, LEXICAL_DEPTH * LEXICAL_POOL)
         if query.terms
         else Lexical([], [], False)
     )
     similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
-    by_meaning, best_similarity = dense(vectors.ids, similarity, candidates)
+    closest, best_similarity = dense(vectors.ids, similarity, max(DENSE_DEPTH, ranking.candidates))
     if nothing_relevant(by_words, best_similarity, ranking.min_similarity):
         return [], notes(query, by_words)
-    by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=candidates)
-    fused = fuse([(by_meaning, DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
-    rows = await source.candidates(list(fused))
+    by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=LEXICAL_DEPTH)
+    fused = fuse([(closest[:DENSE_DEPTH], DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
+    widened = [rowid for rowid in closest[DENSE_DEPTH:] if rowid not in fused]
+    rows = await source.candidates([*fused, *widened])
     hits = top_hits(
         rows,
         fused,
-        k=k,
+        k=ranking.k,
         newest=vectors.newest,
         half_life_days=ranking.half_life_days,
         months=query.months,
         ids=query.ids,
+        after=widened,
     )
-    return await with_neighbours(source, hits), notes(query, by_words, rows, hits)
+    ranked = [row for row in rows if row.id in fused]
+    return await with_neighbours(source, hits), notes(query, by_words, ranked, hits)
 
 
 async def lexical_leg(source: Source, query: Query, size: int) -> Lexical:

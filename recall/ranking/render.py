@@ -17,8 +17,10 @@ Each hit, best first, is one block:
 - The answer's notes (search.Notes), when there are any, come before the first block (the
   identifiers no conversation mentions; the near-miss label) and after the last (clearly more
   passages match than are shown), each on a line of its own; the blocks share what they leave.
-- The whole answer is at most ``max_chars`` characters. Each hit gets a fair share of what the
-  ones before it left; a hit that cannot fit a useful line is left out.
+- The whole answer is at most ``max_chars`` characters. Each of the first SHARES hits gets a fair
+  share of what the ones before it left, as in an answer of SHARES hits (or of fewer, when
+  fewer are found); each later one what is left, so a larger k never shortens the first blocks.
+  A hit that cannot fit a useful line is left out.
 - Up to NEIGHBOURS turns before and after the hit's follow it, in conversation order.
 - Within a block the passage comes first: an adjacent turn keeps up to NEIGHBOUR_MIN characters
   (whole when shorter) unless the passage alone would not fit. A passage that must be cut keeps in
@@ -41,6 +43,11 @@ from recall.ranking.search import Hit, Notes
 from recall.ranking.text import Query
 
 NEIGHBOURS = 4  # turns shown before and after each hit, nearest first when room is short
+# The first hits get the room they get in an answer of this many (the default RECALL_K), at any
+# k: a larger k adds passages after them, never shortens theirs (issue 34: k=8 with fair shares
+# of MAX_RESULT_CHARS cut the neighbours that held k=3's answers). An answer of fewer hits shares
+# the room among those it has.
+SHARES = 3
 NEIGHBOUR_MIN = 160  # chars a neighbour keeps before the passage itself is shortened
 ELLIPSIS = "…"
 NO_NOTES = Notes()
@@ -83,7 +90,7 @@ def render(
     user: str,
     notes: Notes = NO_NOTES,
 ) -> Recalled:
-    """The hits in order, each given a fair share of what the ones before it left, between the
+    """The hits in order, each given its share of what the ones before it left, between the
     notes' lines; each shown hit is a passage, its span its block. ``user`` (the user's hash)
     makes the references."""
     lead, tail = _note_lines(notes, bool(hits))
@@ -92,7 +99,8 @@ def render(
     remaining = max_chars - len(lead) - len(tail)
     for n, (hit, neighbours) in enumerate(hits):
         where = place(user, hit.conv, hit.seq)
-        block = _render_hit(hit, where, neighbours, query.focus, remaining // (len(hits) - n))
+        share = remaining // max(min(SHARES, len(hits)) - n, 1)
+        block = _render_hit(hit, where, neighbours, query.focus, share)
         if block:
             start = len("".join(out))
             shown.append(Passage(hit.conv, hit.turn, hit.ts, hit.role, start, start + len(block)))

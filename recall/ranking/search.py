@@ -5,8 +5,10 @@ are composed in one place, pipeline.rank, over a source each store implements.
           + dense leg (cosine over the matrix)
           -> nothing relevant? (weak on both legs; or no identifier asked for is in the history
              and the rest of the query is weak too) -> no hits
-          -> weighted reciprocal rank fusion -> optional recency, month named, ids held
-          -> top k hits, never two adjacent turns (the second is the first's neighbour)
+          -> weighted reciprocal rank fusion of legs of fixed depth -> optional recency,
+             month named, ids held -> (RECALL_CANDIDATES beyond: the dense leg's next rows)
+          -> top k hits, never two adjacent turns (the second is the first's neighbour): a
+             prefix of one ranked list, whatever k
           -> notes: the identifiers no conversation holds, whether the hits are near misses,
              how many more passages match as fully as those shown (render.py words them)
 
@@ -45,7 +47,13 @@ from recall.ranking.text import (
 RRF_K = 60
 LEXICAL_WEIGHT = 1.0
 DENSE_WEIGHT = 0.5
-LEXICAL_POOL = 6  # x candidates: the BM25 rows re-ordered by query coverage
+# The fused legs' depths are fixed, never the settings': a larger RECALL_K or RECALL_CANDIDATES
+# then ranks the very same list and takes more of it (issue 34: with the depths set by
+# RECALL_CANDIDATES, 30 re-fused the legs and lost hits the default found). RECALL_CANDIDATES
+# beyond DENSE_DEPTH only appends the dense leg's next rows after the fused ones (pipeline.rank).
+DENSE_DEPTH = 8
+LEXICAL_DEPTH = 8
+LEXICAL_POOL = 6  # x LEXICAL_DEPTH: the BM25 rows re-ordered by query coverage
 # The pool's order: covered share + POOL_MEANING x cosine. Among passages that cover the query's
 # words alike (a place named both in a fact and in small talk), the one closer in meaning comes
 # first, so a question that names its subject by other words still finds it.
@@ -227,12 +235,15 @@ def pool_cosines(pool: Sequence[int], ids: np.ndarray, similarity: np.ndarray) -
 
 def dense(ids: np.ndarray, scores: np.ndarray, candidates: int) -> tuple[list[int], float]:
     """The dense leg: the ``candidates`` rowids with the highest cosine (``scores[i]`` is row
-    ``ids[i]``'s), and the best cosine (0 for an empty matrix)."""
+    ``ids[i]``'s), equal cosines in row order, and the best cosine (0 for an empty matrix).
+    Ties are broken by row, never by the partition, so a deeper leg starts with a shallower
+    one (repeated turns embed alike)."""
     if not len(ids):
         return [], 0.0
     n = min(candidates, len(scores))
-    top = np.argpartition(-scores, n - 1)[:n]
-    ordered = top[np.argsort(-scores[top])]
+    floor = scores[np.argpartition(-scores, n - 1)[n - 1]]
+    tied = np.flatnonzero(scores >= floor)  # the top n, and any row tied with the n-th
+    ordered = tied[np.lexsort((tied, -scores[tied]))][:n]
     return [int(ids[i]) for i in ordered], float(scores[ordered[0]])
 
 
@@ -283,13 +294,19 @@ def top_hits(
     half_life_days: float,
     months: Sequence[tuple[int | None, int]] = (),
     ids: Sequence[str] = (),
+    after: Sequence[int] = (),
 ) -> list[Hit]:
-    """The best ``k`` of the fused rows (``rows``: those of ``fused``, in any order), recency
-    applied when ``half_life_days`` is set, and turns from a month the query names, or holding
-    every identifier it names (``ids``, joined forms), lifted (never filtered)."""
+    """The best ``k`` of the fused rows (``rows``: those of ``fused`` and of ``after``, in any
+    order), recency applied when ``half_life_days`` is set, and turns from a month the query
+    names, or holding every identifier it names (``ids``, joined forms), lifted (never
+    filtered); then the rows of ``after`` in that order, as they are (a wider pool appends,
+    never reorders)."""
     asked = set(ids)
     hits = []
-    for row in rows:
+    read = {row.id: row for row in rows}
+    for row in read.values():
+        if row.id not in fused:
+            continue
         hit = Hit(
             row.id, row.conv, row.turn, row.seq, row.ts, row.epoch, row.role, row.text,
             fused[row.id],
@@ -304,6 +321,10 @@ def top_hits(
         if in_month(hit, months):
             hit.score *= 1 + MONTH_BOOST
     hits.sort(key=lambda h: (-h.score, h.id))
+    hits += [
+        Hit(r.id, r.conv, r.turn, r.seq, r.ts, r.epoch, r.role, r.text, 0.0)
+        for r in (read[i] for i in after if i in read and i not in fused)
+    ]
     # A turn right next to a better hit is already shown as that hit's neighbour: skip it, so
     # the k passages cover k places in the history.
     chosen: list[Hit] = []
