@@ -1,4 +1,5 @@
-"""Synthetic histories in other languages than English (issue 24): German, Spanish, Chinese.
+"""Synthetic histories in other languages than English (issue 24): German, Spanish, Chinese
+(two: property management, ``zh.py``, and a school in another phrasing, ``zh_school.py``).
 
 Written before anything was tuned for other languages, and blind to the ranking. One generator,
 one module of text per language (``de.py``, ``es.py``, ``zh.py``): the phrasing is each
@@ -80,6 +81,7 @@ class Language:
     fillers: dict[str, tuple[str, ...]]
     content_words: Callable[[str], list[str]]  # the paraphrase rule's units (names removed)
     capitalise: bool = True  # first letter of a message upper-case (not for Chinese)
+    ticket_digits: int = 5  # a ticket id's width ("BX-20417"; a school's "K-039": 3)
 
 
 def _deal_plans(rng: random.Random, n: int) -> list[dict[str, Any]]:
@@ -129,7 +131,7 @@ def _cluster_details(rng: random.Random, plans: list[dict[str, Any]], lang: Lang
 
 def _answers(rng: random.Random, lang: Language, plans: list[dict[str, Any]]) -> list[str]:
     counts = Counter(plan["kind"] for plan in plans)
-    tickets = _ids(rng, lang.ticket_prefix, 5, counts["ticket"])
+    tickets = _ids(rng, lang.ticket_prefix, lang.ticket_digits, counts["ticket"])
     owners = lang.contractors(rng, counts["owner"])
     # Amounts of four digits (1,200 to 9,890 in tens), so no amount is inside another.
     amounts = [lang.amount(10 * v) for v in rng.sample(range(120, 990), counts["amount"])]
@@ -320,7 +322,7 @@ def _load(code: str) -> Language:
 
 
 LANGUAGES: dict[str, Callable[[], Language]] = {
-    code: partial(_load, code) for code in ("de", "es", "zh")
+    code: partial(_load, code) for code in ("de", "es", "zh", "zh_school")
 }
 
 
