@@ -70,7 +70,8 @@ USER = "bench-user"
 CAP = {3: 4_000, 8: 12_000}  # k=8 needs room for eight passages (the brief: raise both together)
 # The synthetic histories by name, each with its default question count: "ops" is the brief's;
 # "clinic" the held-out one in another domain (issue 9: 60 questions), never tuned on.
-# "de", "es", "zh": other languages (issue 24, benchmark/languages/), measured at about 80.
+# "de", "es", "zh", "zh_school", "ja": other languages (issues 24, 34, benchmark/languages/),
+# measured at about 80.
 HISTORIES = {
     "ops": (generate, 100),
     "clinic": (history_clinic.generate, 60),
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--history", choices=sorted(HISTORIES), nargs="+", default=["ops"],
         help="synthetic histories: ops (the brief's), clinic (held out, another domain), "
-        "de es zh (other languages)",
+        "de es zh zh_school ja (other languages)",
     )  # fmt: skip
     parser.add_argument(
         "--env", action="append", default=[], metavar="KEY=VALUE", type=env_setting,

@@ -1,6 +1,6 @@
 """The other-language histories (issues 24 and 34): deterministic, unambiguous, written in each
 language's own form, with questions that name their fact by other words; Chinese twice, in two
-domains and two phrasings."""
+domains and two phrasings; Japanese."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from benchmark.report import hits_table
 from benchmark.run import HISTORIES, env_setting, server
 from recall.domain.conversation import parse_conversation
 
-CODES = ("de", "es", "zh", "zh_school")
+CODES = ("de", "es", "zh", "zh_school", "ja")
 CHINESE = ("zh", "zh_school")
+JAPANESE_CONTENT = "\u30a0-\u30ff\u4e00-\u9fff"  # katakana and kanji: the content words
 HAN = "\u4e00-\u9fff"
 # Function words, listed here independently of the generators' own lists.
 FUNCTION_WORDS = frozenset(
@@ -77,9 +78,13 @@ def _names(code: str, h: History) -> list[str]:
 
 
 def _units(code: str, text: str, names: list[str]) -> set[str]:
-    """Words of four letters or more by their first five (German, Spanish), or Han bigrams."""
+    """Words of four letters or more by their first five (German, Spanish), Han bigrams
+    (Chinese), or bigrams of kanji and katakana (Japanese)."""
     for name in sorted(names, key=len, reverse=True):
         text = text.replace(name, " ")
+    if code == "ja":  # a run of one kanji is a word too
+        runs = re.findall(f"[{JAPANESE_CONTENT}]+", text)
+        return {run[i : i + 2] for run in runs for i in range(max(len(run) - 1, 1))}
     if code in CHINESE:
         runs = re.findall(f"[{HAN}]+", text)
         grams = {run[i : i + 2] for run in runs for i in range(len(run) - 1)}
@@ -161,15 +166,17 @@ def test_long_questions_share_no_content_with_their_fact_but_names(
         assert not shared, (q.question, fact, shared)
 
 
-@pytest.mark.parametrize("code", CHINESE)
-def test_chinese_is_written_without_spaces_between_han_characters(code: str) -> None:
+@pytest.mark.parametrize("code", [*CHINESE, "ja"])
+def test_chinese_and_japanese_are_written_without_spaces_between_characters(code: str) -> None:
     h = languages.generate(code, 80)
     texts = [*_texts(h).values(), *(q.question for q in h.questions)]
 
-    chinese = f"[{HAN}，。？！：；、]"  # Han characters and Chinese punctuation
-    assert all(not re.search(f"{chinese} +{chinese}", text) for text in texts)
-    assert all(re.search(f"[{HAN}]", text) for text in texts)
-    assert any("，" in text for text in texts) and any("。" in text for text in texts)
+    script = f"{HAN}\u3040-\u30ff"  # Han characters, and kana for Japanese
+    written = f"[{script}，。？！：；、]"  # with the full-width punctuation
+    assert all(not re.search(f"{written} +{written}", text) for text in texts)
+    assert all(re.search(f"[{script}]", text) for text in texts)
+    assert any("，" in text or "、" in text for text in texts)
+    assert any("。" in text for text in texts)
     assert not any(re.search(r"[,.?] ?$", text) for text in texts)  # no ASCII punctuation at ends
 
 

@@ -1,13 +1,15 @@
-"""Synthetic histories in other languages than English (issue 24): German, Spanish, Chinese
-(two: property management, ``zh.py``, and a school in another phrasing, ``zh_school.py``).
+"""Synthetic histories in other languages than English (issues 24, 34): German, Spanish, Chinese
+twice (property management, ``zh.py``; a school in other phrasing, ``zh_school.py``), Japanese
+(a logistics depot, ``ja.py``).
 
 Written before anything was tuned for other languages, and blind to the ranking. One generator,
 one module of text per language (``de.py``, ``es.py``, ``zh.py``): the phrasing is each
 language's own, written for it, not the English generators' sentences translated.
 
-The domain is property management (a housing company's office and its caretakers): buildings
-named by their street address (in German and Spanish; a residential estate and block in Chinese),
-caretakers and office staff, outside contractors. The shape is ``history.py``'s:
+The domain of de, es and zh is property management (a housing company's office and its
+caretakers): buildings named by their street address (in German and Spanish; a residential estate
+and block in Chinese), caretakers and office staff, outside contractors; zh_school and ja put
+classes or warehouses where the buildings are. The shape is ``history.py``'s:
 
 1. **Fact kinds**, one of each per block of four conversations: a *ticket* (a repair order id
    for a defect at a building), an *owner* (which contractor does a routine task at a building),
@@ -322,7 +324,7 @@ def _load(code: str) -> Language:
 
 
 LANGUAGES: dict[str, Callable[[], Language]] = {
-    code: partial(_load, code) for code in ("de", "es", "zh", "zh_school")
+    code: partial(_load, code) for code in ("de", "es", "zh", "zh_school", "ja")
 }
 
 

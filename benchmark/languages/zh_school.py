@@ -23,13 +23,13 @@ FIRM_NAMES = (
     "金苹果", "小树苗", "未来星", "知行", "致知", "弘毅", "思源", "青禾", "智联", "晨曦", "正大",
     "嘉园", "诺亚", "蓝天", "海韵", "朗润", "鸿鹄", "麦田", "方舟",
 )  # fmt: skip
-FIRM_KINDS = ("旅行社", "教育", "后勤服务", "餐饮", "科技")
+FIRM_KINDS = ("旅行社", "教育", "后勤公司", "餐饮", "科技")
 MONTHS = tuple(f"{m}月份" for m in range(1, 13))
 DAYS = ("周一", "周二", "周三", "周四", "周五")
 
 
 def places(rng: random.Random, count: int) -> list[Forms]:
-    classes = [f"{grade}{n}班" for grade in GRADES for n in range(1, 17)]
+    classes = [f"{grade}{n}班" for grade in GRADES for n in range(1, 25)]
     if count > len(classes):
         raise ValueError(f"too many conversations: {count} classes needed, {len(classes)} named")
     return [{"name": name} for name in rng.sample(classes, count)]
@@ -61,7 +61,7 @@ TASKS = _terms("""
 拍集体照 | 全班合影留念 | 全班合影
 课后托管 | 放学以后看着娃写作业 | 放学看娃
 研学旅行 | 出去参观博物馆那种实践活动 | 参观博物馆
-午餐配送 | 中午饭送餐服务 | 中午送饭
+午餐配送 | 送盒饭到班上 | 送盒饭
 校车接送 | 早晚载孩子上下学那趟大巴 | 上下学大巴
 运动会 | 田径比赛那天 | 田径比赛
 心理讲座 | 请专家来讲怎么调节情绪 | 调节情绪讲课
