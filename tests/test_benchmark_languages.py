@@ -4,6 +4,7 @@ domains and two phrasings; Japanese."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
@@ -12,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from benchmark import languages
-from benchmark.history import History
+from benchmark.history import History, Question
 from benchmark.report import hits_table
-from benchmark.run import HISTORIES, env_setting, server
+from benchmark.run import HISTORIES, ask, env_setting, load_by_posting, server
 from recall.domain.conversation import parse_conversation
 
 CODES = ("de", "es", "zh", "zh_school", "ja")
@@ -241,10 +242,28 @@ def test_env_settings_reach_the_benchmark_server(tmp_path: Path) -> None:
 def test_the_languages_table_names_its_settings() -> None:
     row = {"history": "zh", "engine": "embedded", "size": 80, "questions": 60,
            "hit@3_long": 0.25, "hit@3_short": 0.5, "hit@8_long": 0.4, "hit@8_short": 0.75,
+           "nothing@3_long": 7, "nothing@3_short": 0,
            "machine": "test box", "load_average_at_end": [1.0, 2.0, 3.0]}  # fmt: skip
 
     table = hits_table([row], {"EMBED_MODEL": "m"})
 
     assert table.startswith("Settings: EMBED_MODEL=m")
-    assert "| zh | embedded | 80 | 60 | 25% / 50% | 40% / 75% |" in table
+    assert "| zh | embedded | 80 | 60 | 25% / 50% | 40% / 75% | 7 / 0 |" in table
     assert hits_table([row], {}).startswith("Settings: defaults")
+
+
+def test_the_benchmark_counts_the_questions_answered_nothing_found(tmp_path: Path) -> None:
+    # Given a small history on a real server, and two questions: one about what it holds, and
+    # one about something it never mentions (the floor answers "Nothing relevant found")
+    history = languages.generate("de", 8, seed=7, questions=1)
+    asked = history.questions[0]
+    never = Question(
+        "What did the vet say about the dog's diet?", "vet dog diet", "-", "-", "owner"
+    )
+    live = server(tmp_path, "embedded", 3)
+    with live.start(timeout=120):
+        load_by_posting(live, history)
+        # When the benchmark asks both
+        result = asyncio.run(ask(live, [asked, never], 3))
+    # Then only the never-mentioned one counts as answered "nothing found", in both forms
+    assert result["nothing@3_long"] == 1 and result["nothing@3_short"] == 1, result
