@@ -14,6 +14,7 @@ import pytest
 
 from benchmark import languages
 from benchmark.history import History, Question
+from benchmark.languages import stages
 from benchmark.report import hits_table
 from benchmark.run import HISTORIES, ask, env_setting, load_by_posting, server
 from recall.domain.conversation import parse_conversation
@@ -267,3 +268,23 @@ def test_the_benchmark_counts_the_questions_answered_nothing_found(tmp_path: Pat
         result = asyncio.run(ask(live, [asked, never], 3))
     # Then only the never-mentioned one counts as answered "nothing found", in both forms
     assert result["nothing@3_long"] == 1 and result["nothing@3_short"] == 1, result
+
+
+@pytest.mark.parametrize(("floor", "blamed"), [("1", True), ("0", False)])
+def test_the_stages_lay_a_miss_to_the_floor_only_when_it_emptied_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, floor: str, blamed: bool
+) -> None:
+    # Given a small German history on the default model, with a floor above every cosine or off
+    monkeypatch.setenv("RECALL_MIN_SIMILARITY", floor)
+    history = languages.generate("de", 8, seed=7, questions=1)
+    fact = history.facts[0]
+    # and a question about something it never mentions, whose "answer" is a real fact's
+    never = Question("Was hat der Tierarzt zum Futter gesagt?", "Tierarzt Futter", fact.answer,
+                     fact.conversation_id, fact.kind)  # fmt: skip
+    history.questions = [never]
+    # When the stages are measured
+    rows = asyncio.run(stages.measure(history, tmp_path, stages.engines()))
+    # Then each k and form is counted once, laid to the floor only when the floor was on (with it
+    # off, eight passages of eight conversations may hold the answer by chance)
+    assert len(rows) == 4
+    assert all((row["verdict"] == "nothing found") == blamed for row in rows), rows
