@@ -282,9 +282,17 @@ def test_the_stages_lay_a_miss_to_the_floor_only_when_it_emptied_the_answer(
     never = Question("Was hat der Tierarzt zum Futter gesagt?", "Tierarzt Futter", fact.answer,
                      fact.conversation_id, fact.kind)  # fmt: skip
     history.questions = [never]
-    # When the stages are measured
-    rows = asyncio.run(stages.measure(history, tmp_path, stages.engines()))
+    # When the stages are measured, the same question also asked as a never-mentioned one
+    rows = asyncio.run(stages.measure(history, tmp_path, stages.engines(), never=(never.question,)))
+    asked, unasked = rows[:4], rows[4:]
     # Then each k and form is counted once, laid to the floor only when the floor was on (with it
     # off, eight passages of eight conversations may hold the answer by chance)
-    assert len(rows) == 4
-    assert all((row["verdict"] == "nothing found") == blamed for row in rows), rows
+    assert len(asked) == 4
+    assert all((row["verdict"] == "nothing found") == blamed for row in asked), rows
+    # and the never-mentioned one is shown passages only when the floor was off
+    assert [row["shown"] for row in unasked] == [not blamed] * 2, unasked
+
+
+def test_every_language_has_never_mentioned_questions() -> None:
+    for code in CODES:
+        assert len(languages.LANGUAGES[code]().never_mentioned) >= 8, code

@@ -84,6 +84,9 @@ class Language:
     content_words: Callable[[str], list[str]]  # the paraphrase rule's units (names removed)
     capitalise: bool = True  # first letter of a message upper-case (not for Chinese)
     ticket_digits: int = 5  # a ticket id's width ("BX-20417"; a school's "K-039": 3)
+    # Questions about what the history never touches (a pet, a passport): a search should find
+    # nothing; benchmark/languages/stages.py counts those answered with passages.
+    never_mentioned: tuple[str, ...] = ()
 
 
 def _deal_plans(rng: random.Random, n: int) -> list[dict[str, Any]]:

@@ -12,6 +12,8 @@ order* (in the BM25 pool, cut from the lexical leg by the pool's order, covered 
 cosine, and not in the dense leg), *fusion* (in a leg, not in the top k). "Its passage" is any
 indexed piece holding the answer. *No vector* counts those pieces indexed without one (a text the
 engine died on alone: cosine 0 in every leg). The best cosine's median shows the model's scale.
+*Never-mentioned shown*: of the language's questions about what its history never touches
+(``Language.never_mentioned``), those answered with passages presented as a match.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 
 from benchmark.history import History
 from benchmark.languages import LANGUAGES
+from benchmark.locomo import returned_passages
 from benchmark.run import CAP, HISTORIES, env_setting
+from recall.domain.answers import NOTHING_FOUND
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.files.engines.embedded.engine import EmbeddedEngine
 from recall.files.engines.embedded.source import SqliteSource
@@ -117,8 +121,14 @@ def verdict(found: dict[str, Any], hit: bool) -> str:
     return "fusion"
 
 
-async def measure(history: History, workdir: Path, by_k: dict[int, EmbeddedEngine]) -> list[dict]:
-    """Every question, long and short, at each k: its verdict and what the stages saw."""
+async def measure(
+    history: History,
+    workdir: Path,
+    by_k: dict[int, EmbeddedEngine],
+    never: tuple[str, ...] = (),
+) -> list[dict]:
+    """Every question, long and short, at each k: its verdict and what the stages saw; and each
+    ``never``-mentioned question at each k: whether passages were shown as a match."""
     home = workdir / user_dir_name(USER)
     for body in history.conversations:
         write_conversation(home, parse_conversation(body))
@@ -131,6 +141,10 @@ async def measure(history: History, workdir: Path, by_k: dict[int, EmbeddedEngin
                 hit = q.answer in (await engine.recall(home, text)).text
                 found = stage(engine, home, text, q.answer)
                 rows.append({"k": k, "mode": mode, "verdict": verdict(found, hit), **found})
+    for text in never:
+        for k, engine in by_k.items():
+            answer = (await engine.recall(home, text)).text or NOTHING_FOUND
+            rows.append({"k": k, "mode": "never", "shown": returned_passages(answer)})
     return rows
 
 
@@ -138,7 +152,8 @@ def summary(name: str, rows: list[dict[str, Any]]) -> list[str]:
     """One table row per k: hits long / short, then the misses by stage."""
     out = []
     for k in KS:
-        at_k = [r for r in rows if r["k"] == k]
+        never = [r["shown"] for r in rows if r["k"] == k and r["mode"] == "never"]
+        at_k = [r for r in rows if r["k"] == k and r["mode"] != "never"]
         counts = Counter(r["verdict"] for r in at_k)
         hits = [
             sum(r["verdict"] == "hit" for r in at_k if r["mode"] == m) for m in ("long", "short")
@@ -149,7 +164,7 @@ def summary(name: str, rows: list[dict[str, Any]]) -> list[str]:
         out.append(
             f"| {name} | {k} | {hits[0]} / {hits[1]} of {per_mode} | "
             + " | ".join(str(counts[s]) for s in STAGES)
-            + f" | {unvectored} | {best:.3f} |"
+            + f" | {unvectored} | {best:.3f} | {sum(never)} of {len(never)} |"
         )
     return out
 
@@ -165,16 +180,16 @@ def main(argv: list[str]) -> int:
     lines = [
         f"Settings: {', '.join(f'{k}={v}' for k, v in args.env) or 'defaults'}",
         "",
-        "| history | k | hits long / short | "
-        + " | ".join(STAGES)
-        + " | no vector | best cosine |",
-        "| --- | --- | --- | " + " | ".join("---" for _ in STAGES) + " | --- | --- |",
+        "| history | k | hits long / short | " + " | ".join(STAGES) + " | no vector | best cosine "
+        "| never-mentioned shown |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in STAGES) + " | --- | --- | --- |",
     ]
     for name in args.history:
         make, questions = HISTORIES[name]
         history = make(args.size, seed=7, questions=questions)
         with tempfile.TemporaryDirectory(prefix="bench-stages-") as tmp:
-            lines += summary(name, asyncio.run(measure(history, Path(tmp), by_k)))
+            never = LANGUAGES[name]().never_mentioned if name in LANGUAGES else ()
+            lines += summary(name, asyncio.run(measure(history, Path(tmp), by_k, never)))
         print(lines[-1], file=sys.stderr, flush=True)  # progress: a run takes minutes
     print("\n".join(lines))
     return 0

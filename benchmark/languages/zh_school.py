@@ -14,6 +14,7 @@ import random
 import re
 
 from benchmark.languages import Forms, Language
+from benchmark.languages.zh import NEVER_MENTIONED  # the same personal topics
 
 PEOPLE = ("王老师", "刘主任", "陈老师", "赵校长", "孙老师", "周主任",
           "吴老师", "郑老师", "小冯", "何老师", "韩主任", "小许")  # fmt: skip
@@ -227,5 +228,6 @@ LANGUAGE = Language(
         "assistant": ("不客气。", "收到。", "还有别的不？", "记上了。", "我这边没了。"),
     },
     content_words=content_words,
+    never_mentioned=NEVER_MENTIONED,
     capitalise=False,
 )
