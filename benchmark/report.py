@@ -49,21 +49,24 @@ def table(results: list[dict[str, Any]], published: bool = True) -> str:
 
 
 def hits_table(results: list[dict[str, Any]], env: dict[str, str]) -> str:
-    """One row per history and engine: hit@3 and hit@8, long and short. The heading names the
-    settings the servers ran with (``--env``; none: the defaults) and the machine."""
+    """One row per history and engine: hit@3 and hit@8, long and short, and how many questions
+    were answered "Nothing relevant found" at k=3 (the similarity floor: a miss at every k). The
+    heading names the settings the servers ran with (``--env``; none: the defaults) and the
+    machine."""
     settings = ", ".join(f"{key}={value}" for key, value in sorted(env.items()))
     lines = [
         f"Settings: {settings or 'defaults'}",
         "",
         "| history | engine | conversations | questions | hit@3 long / short "
-        "| hit@8 long / short |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| hit@8 long / short | nothing found long / short |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         lines.append(
             f"| {r['history']} | {r['engine']} | {r['size']:,} | {r['questions']} "
             f"| {_pct(r.get('hit@3_long'))} / {_pct(r.get('hit@3_short'))} "
-            f"| {_pct(r.get('hit@8_long'))} / {_pct(r.get('hit@8_short'))} |"
+            f"| {_pct(r.get('hit@8_long'))} / {_pct(r.get('hit@8_short'))} "
+            f"| {r.get('nothing@3_long', '-')} / {r.get('nothing@3_short', '-')} |"
         )
     machines = sorted({r["machine"] for r in results})
     loads = [" ".join(str(x) for x in r["load_average_at_end"]) for r in results]

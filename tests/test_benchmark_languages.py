@@ -1,8 +1,10 @@
-"""The other-language histories (issue 24): deterministic, unambiguous, written in each
-language's own form, with questions that name their fact by other words."""
+"""The other-language histories (issues 24 and 34): deterministic, unambiguous, written in each
+language's own form, with questions that name their fact by other words; Chinese twice, in two
+domains and two phrasings; Japanese."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
@@ -11,12 +13,15 @@ from pathlib import Path
 import pytest
 
 from benchmark import languages
-from benchmark.history import History
+from benchmark.history import History, Question
+from benchmark.languages import stages
 from benchmark.report import hits_table
-from benchmark.run import HISTORIES, env_setting, server
+from benchmark.run import HISTORIES, ask, env_setting, load_by_posting, server
 from recall.domain.conversation import parse_conversation
 
-CODES = ("de", "es", "zh")
+CODES = ("de", "es", "zh", "zh_school", "ja")
+CHINESE = ("zh", "zh_school")
+JAPANESE_CONTENT = "\u30a0-\u30ff\u4e00-\u9fff"  # katakana and kanji: the content words
 HAN = "\u4e00-\u9fff"
 # Function words, listed here independently of the generators' own lists.
 FUNCTION_WORDS = frozenset(
@@ -75,10 +80,14 @@ def _names(code: str, h: History) -> list[str]:
 
 
 def _units(code: str, text: str, names: list[str]) -> set[str]:
-    """Words of four letters or more by their first five (German, Spanish), or Han bigrams."""
+    """Words of four letters or more by their first five (German, Spanish), Han bigrams
+    (Chinese), or bigrams of kanji and katakana (Japanese)."""
     for name in sorted(names, key=len, reverse=True):
         text = text.replace(name, " ")
-    if code == "zh":
+    if code == "ja":  # a run of one kanji is a word too
+        runs = re.findall(f"[{JAPANESE_CONTENT}]+", text)
+        return {run[i : i + 2] for run in runs for i in range(max(len(run) - 1, 1))}
+    if code in CHINESE:
         runs = re.findall(f"[{HAN}]+", text)
         grams = {run[i : i + 2] for run in runs for i in range(len(run) - 1)}
         return {gram for gram in grams if "的" not in gram}  # the particle joins words
@@ -132,7 +141,7 @@ def test_questions_never_contain_their_answer_or_an_id(history: tuple[str, Histo
     _, h = history
     for q in h.questions:
         assert q.answer not in q.question and q.answer not in q.short_query
-        assert not re.search(r"[A-Z]{2}-\d", q.question + q.short_query)  # nothing to match by id
+        assert not re.search(r"[A-Z]+-\d", q.question + q.short_query)  # nothing to match by id
 
 
 def test_near_identical_facts_differ_only_in_the_building(history: tuple[str, History]) -> None:
@@ -159,14 +168,17 @@ def test_long_questions_share_no_content_with_their_fact_but_names(
         assert not shared, (q.question, fact, shared)
 
 
-def test_chinese_is_written_without_spaces_between_han_characters() -> None:
-    h = languages.generate("zh", 80)
+@pytest.mark.parametrize("code", [*CHINESE, "ja"])
+def test_chinese_and_japanese_are_written_without_spaces_between_characters(code: str) -> None:
+    h = languages.generate(code, 80)
     texts = [*_texts(h).values(), *(q.question for q in h.questions)]
 
-    chinese = f"[{HAN}，。？！：；、]"  # Han characters and Chinese punctuation
-    assert all(not re.search(f"{chinese} +{chinese}", text) for text in texts)
-    assert all(re.search(f"[{HAN}]", text) for text in texts)
-    assert any("，" in text for text in texts) and any("。" in text for text in texts)
+    script = f"{HAN}\u3040-\u30ff"  # Han characters, and kana for Japanese
+    written = f"[{script}，。？！：；、]"  # with the full-width punctuation
+    assert all(not re.search(f"{written} +{written}", text) for text in texts)
+    assert all(re.search(f"[{script}]", text) for text in texts)
+    assert any("，" in text or "、" in text for text in texts)
+    assert any("。" in text for text in texts)
     assert not any(re.search(r"[,.?] ?$", text) for text in texts)  # no ASCII punctuation at ends
 
 
@@ -195,7 +207,23 @@ def test_the_check_refuses_an_answer_found_in_a_second_conversation() -> None:
         languages._check_language(lang, bodies, h.facts, h.questions, places)
 
 
-def test_the_runner_knows_the_three_languages() -> None:
+def test_the_school_history_is_phrased_apart_from_the_property_one() -> None:
+    # Given both Chinese histories
+    school, estates = languages.generate("zh_school", 80), languages.generate("zh", 80)
+    school_text, estate_text = (
+        "\n".join(_texts(school).values()),
+        "\n".join(_texts(estates).values()),
+    )
+    # Then the school's ids are short ("K-039"), its short queries one run of characters, and no
+    # run of eight Han characters of one history (a template's words) occurs in the other
+    assert all(re.fullmatch(r"K-\d{3}", f.answer) for f in school.facts if f.kind == "ticket")
+    assert all(" " not in q.short_query for q in school.questions)
+    assert all(" " in q.short_query for q in estates.questions)
+    runs = set(re.findall(f"[{HAN}]{{8}}", school_text))
+    assert not [run for run in runs if run in estate_text]
+
+
+def test_the_runner_knows_every_language() -> None:
     for code in CODES:
         make_history, questions = HISTORIES[code]
 
@@ -215,10 +243,56 @@ def test_env_settings_reach_the_benchmark_server(tmp_path: Path) -> None:
 def test_the_languages_table_names_its_settings() -> None:
     row = {"history": "zh", "engine": "embedded", "size": 80, "questions": 60,
            "hit@3_long": 0.25, "hit@3_short": 0.5, "hit@8_long": 0.4, "hit@8_short": 0.75,
+           "nothing@3_long": 7, "nothing@3_short": 0,
            "machine": "test box", "load_average_at_end": [1.0, 2.0, 3.0]}  # fmt: skip
 
     table = hits_table([row], {"EMBED_MODEL": "m"})
 
     assert table.startswith("Settings: EMBED_MODEL=m")
-    assert "| zh | embedded | 80 | 60 | 25% / 50% | 40% / 75% |" in table
+    assert "| zh | embedded | 80 | 60 | 25% / 50% | 40% / 75% | 7 / 0 |" in table
     assert hits_table([row], {}).startswith("Settings: defaults")
+
+
+def test_the_benchmark_counts_the_questions_answered_nothing_found(tmp_path: Path) -> None:
+    # Given a small history on a real server, and two questions: one about what it holds, and
+    # one about something it never mentions (the floor answers "Nothing relevant found")
+    history = languages.generate("de", 8, seed=7, questions=1)
+    asked = history.questions[0]
+    never = Question(
+        "What did the vet say about the dog's diet?", "vet dog diet", "-", "-", "owner"
+    )
+    live = server(tmp_path, "embedded", 3)
+    with live.start(timeout=120):
+        load_by_posting(live, history)
+        # When the benchmark asks both
+        result = asyncio.run(ask(live, [asked, never], 3))
+    # Then only the never-mentioned one counts as answered "nothing found", in both forms
+    assert result["nothing@3_long"] == 1 and result["nothing@3_short"] == 1, result
+
+
+@pytest.mark.parametrize(("floor", "blamed"), [("1", True), ("0", False)])
+def test_the_stages_lay_a_miss_to_the_floor_only_when_it_emptied_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, floor: str, blamed: bool
+) -> None:
+    # Given a small German history on the default model, with a floor above every cosine or off
+    monkeypatch.setenv("RECALL_MIN_SIMILARITY", floor)
+    history = languages.generate("de", 8, seed=7, questions=1)
+    fact = history.facts[0]
+    # and a question about something it never mentions, whose "answer" is a real fact's
+    never = Question("Was hat der Tierarzt zum Futter gesagt?", "Tierarzt Futter", fact.answer,
+                     fact.conversation_id, fact.kind)  # fmt: skip
+    history.questions = [never]
+    # When the stages are measured, the same question also asked as a never-mentioned one
+    rows = asyncio.run(stages.measure(history, tmp_path, stages.engines(), never=(never.question,)))
+    asked, unasked = rows[:4], rows[4:]
+    # Then each k and form is counted once, laid to the floor only when the floor was on (with it
+    # off, eight passages of eight conversations may hold the answer by chance)
+    assert len(asked) == 4
+    assert all((row["verdict"] == "nothing found") == blamed for row in asked), rows
+    # and the never-mentioned one is shown passages only when the floor was off
+    assert [row["shown"] for row in unasked] == [not blamed] * 2, unasked
+
+
+def test_every_language_has_never_mentioned_questions() -> None:
+    for code in CODES:
+        assert len(languages.LANGUAGES[code]().never_mentioned) >= 8, code

@@ -1,12 +1,15 @@
-"""Synthetic histories in other languages than English (issue 24): German, Spanish, Chinese.
+"""Synthetic histories in other languages than English (issues 24, 34): German, Spanish, Chinese
+twice (property management, ``zh.py``; a school in other phrasing, ``zh_school.py``), Japanese
+(a logistics depot, ``ja.py``).
 
 Written before anything was tuned for other languages, and blind to the ranking. One generator,
 one module of text per language (``de.py``, ``es.py``, ``zh.py``): the phrasing is each
 language's own, written for it, not the English generators' sentences translated.
 
-The domain is property management (a housing company's office and its caretakers): buildings
-named by their street address (in German and Spanish; a residential estate and block in Chinese),
-caretakers and office staff, outside contractors. The shape is ``history.py``'s:
+The domain of de, es and zh is property management (a housing company's office and its
+caretakers): buildings named by their street address (in German and Spanish; a residential estate
+and block in Chinese), caretakers and office staff, outside contractors; zh_school and ja put
+classes or warehouses where the buildings are. The shape is ``history.py``'s:
 
 1. **Fact kinds**, one of each per block of four conversations: a *ticket* (a repair order id
    for a defect at a building), an *owner* (which contractor does a routine task at a building),
@@ -80,6 +83,10 @@ class Language:
     fillers: dict[str, tuple[str, ...]]
     content_words: Callable[[str], list[str]]  # the paraphrase rule's units (names removed)
     capitalise: bool = True  # first letter of a message upper-case (not for Chinese)
+    ticket_digits: int = 5  # a ticket id's width ("BX-20417"; a school's "K-039": 3)
+    # Questions about what the history never touches (a pet, a passport): a search should find
+    # nothing; benchmark/languages/stages.py counts those answered with passages.
+    never_mentioned: tuple[str, ...] = ()
 
 
 def _deal_plans(rng: random.Random, n: int) -> list[dict[str, Any]]:
@@ -129,7 +136,7 @@ def _cluster_details(rng: random.Random, plans: list[dict[str, Any]], lang: Lang
 
 def _answers(rng: random.Random, lang: Language, plans: list[dict[str, Any]]) -> list[str]:
     counts = Counter(plan["kind"] for plan in plans)
-    tickets = _ids(rng, lang.ticket_prefix, 5, counts["ticket"])
+    tickets = _ids(rng, lang.ticket_prefix, lang.ticket_digits, counts["ticket"])
     owners = lang.contractors(rng, counts["owner"])
     # Amounts of four digits (1,200 to 9,890 in tens), so no amount is inside another.
     amounts = [lang.amount(10 * v) for v in rng.sample(range(120, 990), counts["amount"])]
@@ -320,7 +327,7 @@ def _load(code: str) -> Language:
 
 
 LANGUAGES: dict[str, Callable[[], Language]] = {
-    code: partial(_load, code) for code in ("de", "es", "zh")
+    code: partial(_load, code) for code in ("de", "es", "zh", "zh_school", "ja")
 }
 
 

@@ -4,8 +4,9 @@
     python -m benchmark.languages --env EMBED_MODEL=...    # another setting, same histories
     python -m benchmark.languages --engines embedded --sizes 80
 
-``benchmark.run --history de es zh --sizes 80 --engines embedded postgres --no-save``, with any
-further options passed through (``--env KEY=VALUE`` into the servers' environment)."""
+``benchmark.run --history de es zh zh_school ja --sizes 80 --engines embedded postgres
+--no-save``, with any further options passed through (``--env KEY=VALUE`` into the servers'
+environment)."""
 
 from __future__ import annotations
 

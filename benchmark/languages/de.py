@@ -263,4 +263,14 @@ LANGUAGE = Language(
         ),
     },
     content_words=latin_words(STOPWORDS, ("ern", "en", "er", "es", "em", "et", "e", "n", "s", "t")),
+    never_mentioned=(
+        "Was hat der Tierarzt über das Futter für den Hund gesagt?",
+        "In welchem Hotel haben wir in Japan übernachtet?",
+        "Welche Stufe hat meine Tochter bei der Klavierprüfung erreicht?",
+        "Wie hieß der Science-Fiction-Roman, den du mir empfohlen hast?",
+        "Wann läuft mein Reisepass ab?",
+        "Wie viele Gäste kamen zu unserer Hochzeit?",
+        "Was hat der Fitnesstrainer für meinen Trainingsplan vorgeschlagen?",
+        "Wie viel Steuern habe ich letztes Jahr zurückbekommen?",
+    ),
 )

@@ -256,4 +256,14 @@ LANGUAGE = Language(
         ),
     },
     content_words=latin_words(STOPWORDS, ("es", "as", "os", "a", "o", "s", "e")),
+    never_mentioned=(
+        "¿Qué dijo el veterinario sobre la comida del perro?",
+        "¿En qué hotel nos quedamos en Japón?",
+        "¿Qué nivel sacó mi hija en el examen de piano?",
+        "¿Cómo se llamaba la novela de ciencia ficción que me recomendaste?",
+        "¿Cuándo caduca mi pasaporte?",
+        "¿Cuántos invitados vinieron a nuestra boda?",
+        "¿Qué plan de entrenamiento me propuso el entrenador del gimnasio?",
+        "¿Cuánto me devolvieron de la declaración de la renta el año pasado?",
+    ),
 )

@@ -93,6 +93,24 @@ STOP_BIGRAMS = frozenset("""
 """.split())  # fmt: skip
 
 
+# Questions about what no conversation of the history touches (a pet, a trip, a passport): a
+# search should find nothing for them (benchmark/languages/stages.py counts those shown passages).
+NEVER_MENTIONED = (
+    "我家狗最近不爱吃东西，兽医怎么说的？",
+    "上次去日本旅游订的是哪家酒店？",
+    "我女儿钢琴考级是几级来着？",
+    "之前推荐的那本科幻小说叫什么名字？",
+    "我的信用卡账单日是几号？",
+    "我们婚礼请了多少桌客人？",
+    "那家川菜馆的招牌菜是什么？",
+    "健身教练给我定的减脂计划是怎样的？",
+    "去年报税的时候退了多少钱？",
+    "我的护照什么时候过期？",
+    "孩子的疫苗第二针打了没有？",
+    "爷爷做白内障手术是在哪家医院？",
+)
+
+
 def content_words(text: str) -> list[str]:
     """Character bigrams of each run of Han characters, without the function bigrams and those
     across the particle 的 (which joins words: "院子里的树" / "9号楼的树木")."""
@@ -235,5 +253,6 @@ LANGUAGE = Language(
         "assistant": ("不客气。", "收到。", "好的，还有别的吗？", "已记录。", "好，我这边就这些。"),
     },
     content_words=content_words,
+    never_mentioned=NEVER_MENTIONED,
     capitalise=False,
 )
