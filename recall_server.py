@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from recall.files.layout import PRIVATE_UMASK
 from recall.files.store import hold_data_dir
-from recall.logs import configure_logging
+from recall.logs import adopt_library_loggers, configure_logging
 from recall.settings import ConfigError, Settings, load_settings, settings_help
 from recall.transport import STARTUP_FAILURE, Refusal, fit_descriptor_limit, port_taken, serve
 
@@ -166,6 +166,7 @@ def main() -> None:
         app = create_app(settings)
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
+    adopt_library_loggers()  # FastMCP, imported by create_app, brought its own handler
     # What lives as long as the server (modules, the model, FastMCP's tables) leaves the garbage
     # collector's view: its full collections over them stopped every request for 60-95 ms,
     # about twice a minute under load (benchmark/README.md, "Load").

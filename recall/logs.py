@@ -140,6 +140,13 @@ def configure_logging(level: str, log_format: str = "text", secrets: Iterable[st
     stderr.addFilter(SecretsRedacted(secrets))
     logging.basicConfig(level=level.upper(), handlers=[stderr])
     logging.captureWarnings(True)  # a library's warning is a line like any other, not text
+    adopt_library_loggers()
+
+
+def adopt_library_loggers() -> None:
+    """The libraries' loggers write through ours: FastMCP installs its own handler when it is
+    imported, which recall-server does after configure_logging (a refused start never imports
+    it), so this runs again once it is."""
     for name in OWN_HANDLERS:
         logger = logging.getLogger(name)
         for handler in logger.handlers[:]:

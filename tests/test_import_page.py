@@ -16,7 +16,8 @@ from test_import_chats import found_within
 from test_memory_page import Page, sign_in
 
 pytestmark = memory_page.pytestmark  # skipped where Debian's Chromium is absent
-page = memory_page.page  # the browser fixture: Chromium at a phone's width, no script error
+browser = memory_page.browser  # the module's one Chromium
+page = memory_page.page  # a fresh context in it at a phone's width, no script error
 EXPORTS = Path(__file__).resolve().parent / "chat_exports"
 
 
