@@ -1,4 +1,4 @@
-"""The order in which `pytest -n 3 --dist loadscope` hands modules to its workers.
+"""The order in which `pytest -n 4 --dist loadscope` hands modules to its workers.
 
 xdist keeps each module in one worker (the module's shared servers) and sends the modules with
 the most tests first. Test count is a poor guide to time here: a module of six tests that start
