@@ -353,3 +353,32 @@ def latin_words(stopwords: frozenset[str], endings: tuple[str, ...]) -> Callable
         return out
 
     return words
+
+
+def han_words(stop_bigrams: frozenset[str]) -> Callable[[str], list[str]]:
+    """Content words of a Chinese text: character bigrams of each run of Han characters, without
+    ``stop_bigrams`` and those across the particle 的 (which joins words: "院子里的树")."""
+
+    def words(text: str) -> list[str]:
+        runs = re.findall(r"[\u4e00-\u9fff]+", text)
+        grams = [run[i : i + 2] for run in runs for i in range(len(run) - 1)]
+        return [gram for gram in grams if gram not in stop_bigrams and "的" not in gram]
+
+    return words
+
+
+def firms(names: tuple[str, ...], kinds: tuple[str, ...]) -> Callable[..., list[str]]:
+    """A language's ``contractors``: ``count`` distinct names, each with a kind of firm."""
+
+    def contractors(rng: random.Random, count: int) -> list[str]:
+        if count > len(names):
+            raise ValueError(f"too many conversations: {count} contractors needed")
+        return [name + rng.choice(kinds) for name in rng.sample(names, count)]
+
+    return contractors
+
+
+def term_table(table: str) -> tuple[Forms, ...]:
+    """Rows of ``usual words | paraphrase | short paraphrase (an agent's words)``."""
+    rows = (tuple(part.strip() for part in row.split("|")) for row in table.strip().splitlines())
+    return tuple({"fact": fact, "asked": asked, "q_short": short} for fact, asked, short in rows)

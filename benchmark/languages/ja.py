@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import re
 
-from benchmark.languages import Forms, Language
+from benchmark.languages import Forms, Language, firms, term_table
 
 PEOPLE = ("田中さん", "鈴木さん", "佐藤課長", "高橋さん", "伊藤主任", "渡辺さん",
           "山本さん", "中村所長", "小林さん", "加藤さん", "吉田さん", "山田さん")  # fmt: skip
@@ -38,23 +38,14 @@ def places(rng: random.Random, count: int) -> list[Forms]:
     return [{"name": name} for name in rng.sample(depots, count)]
 
 
-def contractors(rng: random.Random, count: int) -> list[str]:
-    if count > len(FIRM_NAMES):
-        raise ValueError(f"too many conversations: {count} contractors needed")
-    return [name + rng.choice(FIRM_KINDS) for name in rng.sample(FIRM_NAMES, count)]
+contractors = firms(FIRM_NAMES, FIRM_KINDS)
 
 
 def date(month: int, day: int, hour: int, minute: int) -> str:
     return f"{month}月{day}日{hour}時{'半' if minute else ''}"
 
 
-def _terms(table: str) -> tuple[Forms, ...]:
-    """usual words | paraphrase | short paraphrase (an agent's words)"""
-    rows = (tuple(part.strip() for part in row.split("|")) for row in table.strip().splitlines())
-    return tuple({"fact": fact, "asked": asked, "q_short": short} for fact, asked, short in rows)
-
-
-TASKS = _terms("""
+TASKS = term_table("""
 フォークリフト点検 | 荷役車両の定期チェック | 荷役車両チェック
 棚卸し | 在庫数の実地カウント | 在庫カウント
 害虫駆除 | 虫よけ薬剤の散布 | 薬剤散布
@@ -67,7 +58,7 @@ TASKS = _terms("""
 パレット補修 | 木製の荷台の直し | 荷台の直し
 トラック洗車 | 配送車両の外装洗い | 配送車両洗い
 """)  # fmt: skip
-DEFECTS = _terms("""
+DEFECTS = term_table("""
 シャッター故障 | 搬入口の扉が上がらない | 搬入口の扉
 雨漏り | 天井から水がぽたぽた落ちる | 天井から水
 冷凍庫の温度異常 | 冷やす部屋が設定より暖かい | 冷やす部屋が暖かい

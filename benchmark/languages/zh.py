@@ -9,9 +9,8 @@ The paraphrases use other words, not other characters of one word ("电梯维保
 from __future__ import annotations
 
 import random
-import re
 
-from benchmark.languages import Forms, Language
+from benchmark.languages import Forms, Language, firms, han_words, term_table
 
 PEOPLE = ("小王", "老李", "张姐", "刘工", "陈经理", "小赵",
           "周师傅", "孙会计", "老吴", "小林", "何主管", "马师傅")  # fmt: skip
@@ -44,10 +43,7 @@ def places(rng: random.Random, count: int) -> list[Forms]:
     return out
 
 
-def contractors(rng: random.Random, count: int) -> list[str]:
-    if count > len(FIRM_NAMES):
-        raise ValueError(f"too many conversations: {count} contractors needed")
-    return [name + rng.choice(FIRM_KINDS) for name in rng.sample(FIRM_NAMES, count)]
+contractors = firms(FIRM_NAMES, FIRM_KINDS)
 
 
 def date(month: int, day: int, hour: int, minute: int) -> str:
@@ -55,13 +51,7 @@ def date(month: int, day: int, hour: int, minute: int) -> str:
     return f"{month}月{day}号{period}{hour if hour <= 12 else hour - 12}点{'半' if minute else ''}"
 
 
-def _terms(table: str) -> tuple[Forms, ...]:
-    """usual words | paraphrase | short paraphrase (an agent's words)"""
-    rows = (tuple(part.strip() for part in row.split("|")) for row in table.strip().splitlines())
-    return tuple({"fact": fact, "asked": asked, "q_short": short} for fact, asked, short in rows)
-
-
-TASKS = _terms("""
+TASKS = term_table("""
 锅炉年检 | 给供暖设备做的年度检查 | 供暖设备检查
 天沟清理 | 把屋檐排水槽掏干净 | 屋檐排水槽
 楼道保洁 | 每周拖洗楼梯和走廊 | 拖洗楼梯
@@ -75,7 +65,7 @@ TASKS = _terms("""
 屋面防水检查 | 上楼顶看看瓦片和防渗层 | 楼顶防渗层
 地库清扫 | 打扫地下停车场 | 地下停车场打扫
 """)  # fmt: skip
-DEFECTS = _terms("""
+DEFECTS = term_table("""
 地下室漏水 | 负一层墙面渗水发潮 | 负一层墙面渗水
 电梯故障 | 升降梯卡在半路不动了 | 升降梯卡住
 门禁对讲坏了 | 楼下按铃屋里听不见 | 按铃听不见
@@ -111,12 +101,7 @@ NEVER_MENTIONED = (
 )
 
 
-def content_words(text: str) -> list[str]:
-    """Character bigrams of each run of Han characters, without the function bigrams and those
-    across the particle 的 (which joins words: "院子里的树" / "9号楼的树木")."""
-    runs = re.findall(r"[\u4e00-\u9fff]+", text)
-    grams = [run[i : i + 2] for run in runs for i in range(len(run) - 1)]
-    return [gram for gram in grams if gram not in STOP_BIGRAMS and "的" not in gram]
+content_words = han_words(STOP_BIGRAMS)
 
 
 LANGUAGE = Language(

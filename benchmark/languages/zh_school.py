@@ -11,9 +11,8 @@ rule's units are character bigrams, as in ``zh.py``."""
 from __future__ import annotations
 
 import random
-import re
 
-from benchmark.languages import Forms, Language
+from benchmark.languages import Forms, Language, firms, han_words, term_table
 from benchmark.languages.zh import NEVER_MENTIONED  # the same personal topics
 
 PEOPLE = ("王老师", "刘主任", "陈老师", "赵校长", "孙老师", "周主任",
@@ -36,10 +35,7 @@ def places(rng: random.Random, count: int) -> list[Forms]:
     return [{"name": name} for name in rng.sample(classes, count)]
 
 
-def contractors(rng: random.Random, count: int) -> list[str]:
-    if count > len(FIRM_NAMES):
-        raise ValueError(f"too many conversations: {count} contractors needed")
-    return [name + rng.choice(FIRM_KINDS) for name in rng.sample(FIRM_NAMES, count)]
+contractors = firms(FIRM_NAMES, FIRM_KINDS)
 
 
 def date(month: int, day: int, hour: int, minute: int) -> str:
@@ -47,13 +43,7 @@ def date(month: int, day: int, hour: int, minute: int) -> str:
     return f"{month}月{day}日{period}{hour if hour <= 12 else hour - 12}:{minute:02d}"
 
 
-def _terms(table: str) -> tuple[Forms, ...]:
-    """usual words | paraphrase | short paraphrase (an agent's words)"""
-    rows = (tuple(part.strip() for part in row.split("|")) for row in table.strip().splitlines())
-    return tuple({"fact": fact, "asked": asked, "q_short": short} for fact, asked, short in rows)
-
-
-TASKS = _terms("""
+TASKS = term_table("""
 春游 | 带学生去郊外踏青 | 郊外踏青
 体检 | 给孩子们量身高测视力 | 量身高测视力
 校服订购 | 统一服装采买 | 统一服装采买
@@ -67,7 +57,7 @@ TASKS = _terms("""
 运动会 | 田径比赛那天 | 田径比赛
 心理讲座 | 请专家来讲怎么调节情绪 | 调节情绪讲课
 """)  # fmt: skip
-DEFECTS = _terms("""
+DEFECTS = term_table("""
 投影仪不亮 | 上课放PPT那台机器黑屏 | 放PPT机器黑屏
 空调漏水 | 墙上那台制冷机子淌水 | 制冷机子淌水
 课桌椅坏了 | 学生坐那板凳散架了 | 板凳散架
@@ -85,12 +75,7 @@ STOP_BIGRAMS = frozenset("""
 """.split())  # fmt: skip
 
 
-def content_words(text: str) -> list[str]:
-    """Character bigrams of each run of Han characters, without the function bigrams and those
-    across the particle 的 (which joins words)."""
-    runs = re.findall(r"[\u4e00-\u9fff]+", text)
-    grams = [run[i : i + 2] for run in runs for i in range(len(run) - 1)]
-    return [gram for gram in grams if gram not in STOP_BIGRAMS and "的" not in gram]
+content_words = han_words(STOP_BIGRAMS)
 
 
 LANGUAGE = Language(
