@@ -307,10 +307,7 @@ def top_hits(
     for row in read.values():
         if row.id not in fused:
             continue
-        hit = Hit(
-            row.id, row.conv, row.turn, row.seq, row.ts, row.epoch, row.role, row.text,
-            fused[row.id],
-        )  # fmt: skip
+        hit = as_hit(row, fused[row.id])
         if asked and asked <= set(row.ids):
             hit.score *= 1 + ID_BOOST
         hits.append(hit)
@@ -321,10 +318,7 @@ def top_hits(
         if in_month(hit, months):
             hit.score *= 1 + MONTH_BOOST
     hits.sort(key=lambda h: (-h.score, h.id))
-    hits += [
-        Hit(r.id, r.conv, r.turn, r.seq, r.ts, r.epoch, r.role, r.text, 0.0)
-        for r in (read[i] for i in after if i in read and i not in fused)
-    ]
+    hits += [as_hit(read[i], 0.0) for i in after if i in read and i not in fused]
     # A turn right next to a better hit is already shown as that hit's neighbour: skip it, so
     # the k passages cover k places in the history.
     chosen: list[Hit] = []
@@ -334,6 +328,11 @@ def top_hits(
             if len(chosen) == k:
                 break
     return chosen
+
+
+def as_hit(row: Candidate, score: float) -> Hit:
+    """A candidate row as a hit scoring ``score``."""
+    return Hit(row.id, row.conv, row.turn, row.seq, row.ts, row.epoch, row.role, row.text, score)
 
 
 def in_month(hit: Hit, months: Sequence[tuple[int | None, int]]) -> bool:
