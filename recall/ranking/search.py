@@ -297,10 +297,33 @@ def top_hits(
     after: Sequence[int] = (),
 ) -> list[Hit]:
     """The best ``k`` of the fused rows (``rows``: those of ``fused`` and of ``after``, in any
-    order), recency applied when ``half_life_days`` is set, and turns from a month the query
-    names, or holding every identifier it names (``ids``, joined forms), lifted (never
-    filtered); then the rows of ``after`` in that order, as they are (a wider pool appends,
-    never reorders)."""
+    order), in ``ranked_hits``'s order, each a place of its own (``choose``)."""
+    ranked = ranked_hits(
+        rows,
+        fused,
+        newest=newest,
+        half_life_days=half_life_days,
+        months=months,
+        ids=ids,
+        after=after,
+    )
+    return choose(ranked, k)
+
+
+def ranked_hits(
+    rows: Iterable[Candidate],
+    fused: Mapping[int, float],
+    *,
+    newest: float,
+    half_life_days: float,
+    months: Sequence[tuple[int | None, int]] = (),
+    ids: Sequence[str] = (),
+    after: Sequence[int] = (),
+) -> list[Hit]:
+    """Every fused row as a hit, best first: recency applied when ``half_life_days`` is set,
+    and turns from a month the query names, or holding every identifier it names (``ids``,
+    joined forms), lifted (never filtered); then the rows of ``after`` in that order, as they
+    are (a wider pool appends, never reorders)."""
     asked = set(ids)
     hits = []
     read = {row.id: row for row in rows}
@@ -318,11 +341,15 @@ def top_hits(
         if in_month(hit, months):
             hit.score *= 1 + MONTH_BOOST
     hits.sort(key=lambda h: (-h.score, h.id))
-    hits += [as_hit(read[i], 0.0) for i in after if i in read and i not in fused]
+    return hits + [as_hit(read[i], 0.0) for i in after if i in read and i not in fused]
+
+
+def choose(ranked: Sequence[Hit], k: int) -> list[Hit]:
+    """The first ``k`` of ``ranked`` that are places of their own in the history."""
     # A turn right next to a better hit is already shown as that hit's neighbour: skip it, so
     # the k passages cover k places in the history.
     chosen: list[Hit] = []
-    for hit in hits:
+    for hit in ranked:
         if not any(c.conv == hit.conv and abs(c.seq - hit.seq) == 1 for c in chosen):
             chosen.append(hit)
             if len(chosen) == k:
