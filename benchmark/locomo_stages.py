@@ -7,8 +7,8 @@ runs them at the field's settings (RECALL_K 10, RECALL_CANDIDATES 32).
 Each evidence turn not among the ten ranked hits' own turns is counted at the first stage that
 holds it (a turn is held when one of its pieces is):
 
-- *skipped*: ranked before the tenth hit, but right next to a better hit (``search.choose``
-  shows it as that hit's neighbour; the field's metrics count only hits' own turns);
+- *skipped*: ranked before the tenth hit, but right next to a hit (``search.choose`` shows it
+  as that hit's neighbour; the field's metrics count only hits' own turns);
 - *fused, past 10*: in the fused list (the 8-deep dense and lexical legs), ranked after it;
 - *dense only, past the fused part*: in the dense leg's top RECALL_CANDIDATES only (appended
   after the fused rows in cosine order), ranked after the tenth hit;
@@ -128,7 +128,7 @@ def stages(engine: EmbeddedEngine, home: Path, question: Question) -> dict[str, 
             ids=query.ids,
             after=widened,
         )
-        chosen = choose(ranked, K)
+        chosen = choose(ranked, K, sum(hit.id in fused for hit in ranked))
         whole_dense = [int(vectors.ids[i]) for i in np.argsort(-similarity, kind="stable")]
         whole_lexical = order_pool(by_words, vectors.ids, similarity, candidates=len(by_words.pool))
     finally:
