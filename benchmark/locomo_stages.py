@@ -30,7 +30,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -90,6 +90,41 @@ def recall_at(ranked: Sequence[Turn], evidence: Sequence[Turn]) -> float:
     return sum(turn in top for turn in evidence) / len(evidence) if evidence else 0.0
 
 
+class Lists(NamedTuple):
+    """One recall's lists, as the stages read them."""
+
+    hits: set[Turn]  # the ranked hits' own turns
+    places: set[tuple[str, int]]  # (conversation, seq) of each hit
+    read_before: set[Turn]  # the turns ranked up to the tenth hit (skips included)
+    fused: set[int]  # rowids of the fused list (8 + 8 legs)
+    widened: set[int]  # the dense leg's rows appended after the fused ones
+    pool: set[int]  # the BM25 pool
+    dense_rank: dict[int, int]  # each rowid's rank in the whole dense leg, from 1
+
+
+def next_to_hit(turn: Turn, pieces: dict[int, int], lists: Lists) -> bool:
+    """Whether ``turn`` (its pieces: rowid -> seq) is right next to a hit's."""
+    return any((turn[0], seq + d) in lists.places for seq in pieces.values() for d in (-1, 1))
+
+
+def lost_at(turn: Turn, pieces: dict[int, int], lists: Lists) -> tuple[str, int | None] | None:
+    """The first stage holding ``turn`` when it is no hit (with its dense rank when nowhere),
+    None when it is one."""
+    if turn in lists.hits:
+        return None
+    rows = set(pieces)
+    if next_to_hit(turn, pieces, lists) and turn in lists.read_before:
+        return ("skipped", None)
+    for stage, held in (
+        ("fused, past 10", lists.fused),
+        ("dense only, past fused", lists.widened),
+        ("BM25 pool only", lists.pool),
+    ):
+        if rows & held:
+            return (stage, None)
+    return ("nowhere", min((lists.dense_rank[r] for r in rows), default=None))
+
+
 def stages(engine: EmbeddedEngine, home: Path, question: Question) -> dict[str, Any]:
     """Where each evidence turn of ``question`` stands in one recall at k=10."""
     path = db_path(home)
@@ -136,34 +171,25 @@ def stages(engine: EmbeddedEngine, home: Path, question: Question) -> dict[str, 
     hit_turns = [(h.conv, h.turn) for h in chosen]
     # Where the tenth hit stood in the ranked list: what ranks before it was read for the list.
     last = ranked.index(chosen[-1]) if len(chosen) == K else len(ranked) - 1
-    read_before = {where[h.id] for h in ranked[: last + 1]}
-    hit_places = {(h.conv, h.seq) for h in chosen}
-    lost: list[tuple[str, int | None]] = []
-    for turn in question.turns:
-        if turn in hit_turns:
-            continue
-        pieces = [r for r, t in where.items() if t == turn]
-        adjacent = any((turn[0], seq_of[r] + d) in hit_places for r in pieces for d in (-1, 1))
-        ids = set(pieces)
-        if adjacent and turn in read_before:
-            lost.append(("skipped", None))
-        elif ids & set(fused):
-            lost.append(("fused, past 10", None))
-        elif ids & set(widened):
-            lost.append(("dense only, past fused", None))
-        elif ids & set(by_words.pool):
-            lost.append(("BM25 pool only", None))
-        else:
-            rank = min((whole_dense.index(r) + 1 for r in pieces), default=None)
-            lost.append(("nowhere", rank))
-    adjacent_found = sum(
-        turn in hit_turns
-        or any(
-            (turn[0], seq_of[r] + d) in hit_places
-            for r in (r for r, t in where.items() if t == turn)
-            for d in (-1, 1)
-        )
+    lists = Lists(
+        hits=set(hit_turns),
+        places={(h.conv, h.seq) for h in chosen},
+        read_before={where[h.id] for h in ranked[: last + 1]},
+        fused=set(fused),
+        widened=set(widened),
+        pool=set(by_words.pool),
+        dense_rank={rowid: n for n, rowid in enumerate(whole_dense, start=1)},
+    )
+    pieces = {
+        turn: {r: seq_of[r] for r, t in where.items() if t == turn} for turn in question.turns
+    }
+    lost = [
+        stage
         for turn in question.turns
+        if (stage := lost_at(turn, pieces[turn], lists)) is not None
+    ]
+    adjacent_found = sum(
+        turn in lists.hits or next_to_hit(turn, pieces[turn], lists) for turn in question.turns
     )
     evidence = question.turns
     return {
