@@ -58,7 +58,8 @@ LEXICAL_POOL = 6  # x LEXICAL_DEPTH: the BM25 rows re-ordered by query coverage
 # as its neighbour and ranks after them. Past them the fused rows keep their order, next to a hit
 # or not: skipping them everywhere left 102 of LoCoMo's 828 evidence turns out of the ranked list
 # at k=10 (a question's evidence is often two turns in a row). PLACES is the default RECALL_K:
-# what an answer at that k shows is unchanged. benchmark/README.md, "What moved the numbers".
+# an answer at that k is unchanged whenever the fused rows hold that many places (with fewer, the
+# turns next to them now fill it). benchmark/README.md, "What moved the numbers".
 PLACES = 3
 # The pool's order: covered share + POOL_MEANING x cosine. Among passages that cover the query's
 # words alike (a place named both in a fact and in small talk), the one closer in meaning comes
