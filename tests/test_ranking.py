@@ -26,6 +26,7 @@ from recall.models import load_embedder
 from recall.ranking.pipeline import run_blocking
 from recall.ranking.search import (
     LEXICAL_POOL,
+    PLACES,
     Candidate,
     Lexical,
     common_floor,
@@ -400,6 +401,29 @@ async def test_a_turn_next_to_a_better_hit_gives_its_place_to_another_passage(
 
     # Then the second place goes to the other conversation: "two" shows as "one"'s neighbour
     assert [hit.text for hit in hits] == ["one", "three"]
+
+
+def test_past_the_first_places_a_turn_next_to_a_hit_keeps_its_rank() -> None:
+    # Given fused rows best first: turns 0 and 1 of one conversation, then five elsewhere
+    def row(rowid: int, conv: str, seq: int) -> Candidate:
+        ts = "2026-03-10T09:00:00Z"
+        return Candidate(rowid, conv, f"t{rowid}", seq, ts, 0.0, "user", "x", ())
+
+    rows = [row(1, "a", 0), row(2, "a", 1), *(row(n, f"c{n}", 0) for n in range(3, 8))]
+    fused = {rowid: 1.0 / rowid for rowid in range(1, 8)}
+
+    # When the top k are taken at each k
+    ranked = [
+        [hit.id for hit in top_hits(rows, fused, k=k, newest=0.0, half_life_days=0.0)]
+        for k in range(1, 8)
+    ]
+
+    # Then turn 1 gives its place among the first PLACES (it shows as turn 0's neighbour), and
+    # comes right after them, before the rows it outranks; each list starts the next
+    assert PLACES == 3
+    assert ranked[2] == [1, 3, 4]
+    assert ranked[-1] == [1, 3, 4, 2, 5, 6, 7]
+    assert all(ranked[-1][: len(top)] == top for top in ranked)
 
 
 def test_a_deeper_dense_leg_starts_with_the_shallower_one_even_among_equal_cosines() -> None:

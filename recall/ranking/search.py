@@ -7,8 +7,8 @@ are composed in one place, pipeline.rank, over a source each store implements.
              and the rest of the query is weak too) -> no hits
           -> weighted reciprocal rank fusion of legs of fixed depth -> optional recency,
              month named, ids held -> (RECALL_CANDIDATES beyond: the dense leg's next rows)
-          -> top k hits, never two adjacent turns (the second is the first's neighbour): a
-             prefix of one ranked list, whatever k
+          -> top k hits, the first PLACES never two adjacent turns (the second is the
+             first's neighbour): a prefix of one ranked list, whatever k
           -> notes: the identifiers no conversation holds, whether the hits are near misses,
              how many more passages match as fully as those shown (render.py words them)
 
@@ -54,6 +54,13 @@ DENSE_WEIGHT = 0.5
 DENSE_DEPTH = 8
 LEXICAL_DEPTH = 8
 LEXICAL_POOL = 6  # x LEXICAL_DEPTH: the BM25 rows re-ordered by query coverage
+# The first PLACES hits are places of their own: a fused row right next to one of them is shown
+# as its neighbour and ranks after them. Past them the fused rows keep their order, next to a hit
+# or not: skipping them everywhere left 102 of LoCoMo's 828 evidence turns out of the ranked list
+# at k=10 (a question's evidence is often two turns in a row). PLACES is the default RECALL_K:
+# an answer at that k is unchanged whenever the fused rows hold that many places (with fewer, the
+# turns next to them now fill it). benchmark/README.md, "What moved the numbers".
+PLACES = 3
 # The pool's order: covered share + POOL_MEANING x cosine. Among passages that cover the query's
 # words alike (a place named both in a fact and in small talk), the one closer in meaning comes
 # first, so a question that names its subject by other words still finds it.
@@ -297,10 +304,33 @@ def top_hits(
     after: Sequence[int] = (),
 ) -> list[Hit]:
     """The best ``k`` of the fused rows (``rows``: those of ``fused`` and of ``after``, in any
-    order), recency applied when ``half_life_days`` is set, and turns from a month the query
-    names, or holding every identifier it names (``ids``, joined forms), lifted (never
-    filtered); then the rows of ``after`` in that order, as they are (a wider pool appends,
-    never reorders)."""
+    order), in ``ranked_hits``'s order, each a place of its own (``choose``)."""
+    ranked = ranked_hits(
+        rows,
+        fused,
+        newest=newest,
+        half_life_days=half_life_days,
+        months=months,
+        ids=ids,
+        after=after,
+    )
+    return choose(ranked, k, sum(hit.id in fused for hit in ranked))
+
+
+def ranked_hits(
+    rows: Iterable[Candidate],
+    fused: Mapping[int, float],
+    *,
+    newest: float,
+    half_life_days: float,
+    months: Sequence[tuple[int | None, int]] = (),
+    ids: Sequence[str] = (),
+    after: Sequence[int] = (),
+) -> list[Hit]:
+    """Every fused row as a hit, best first: recency applied when ``half_life_days`` is set,
+    and turns from a month the query names, or holding every identifier it names (``ids``,
+    joined forms), lifted (never filtered); then the rows of ``after`` in that order, as they
+    are (a wider pool appends, never reorders)."""
     asked = set(ids)
     hits = []
     read = {row.id: row for row in rows}
@@ -318,16 +348,34 @@ def top_hits(
         if in_month(hit, months):
             hit.score *= 1 + MONTH_BOOST
     hits.sort(key=lambda h: (-h.score, h.id))
-    hits += [as_hit(read[i], 0.0) for i in after if i in read and i not in fused]
-    # A turn right next to a better hit is already shown as that hit's neighbour: skip it, so
-    # the k passages cover k places in the history.
-    chosen: list[Hit] = []
-    for hit in hits:
-        if not any(c.conv == hit.conv and abs(c.seq - hit.seq) == 1 for c in chosen):
+    return hits + [as_hit(read[i], 0.0) for i in after if i in read and i not in fused]
+
+
+def choose(ranked: Sequence[Hit], k: int, fused: int | None = None) -> list[Hit]:
+    """The first ``k`` of ``ranked``, whose first ``fused`` hits are the fused rows: the first
+    PLACES of those that are not next to a better one (each place's neighbours show those that
+    are), then the other fused rows in their order, then the appended rows not next to a hit
+    chosen before them. One order whatever ``k``: a larger k takes more of it."""
+    tier = len(ranked) if fused is None else fused
+    places: list[Hit] = []
+    rest: list[Hit] = []
+    for hit in ranked[:tier]:
+        if len(places) < PLACES and not any(next_to(place, hit) for place in places):
+            places.append(hit)
+        else:
+            rest.append(hit)
+    chosen = places + rest
+    for hit in ranked[tier:]:
+        if len(chosen) >= k:
+            break
+        if not any(next_to(c, hit) for c in chosen):
             chosen.append(hit)
-            if len(chosen) == k:
-                break
-    return chosen
+    return chosen[:k]
+
+
+def next_to(one: Hit, other: Hit) -> bool:
+    """Whether two hits are turns right next to each other in one conversation."""
+    return one.conv == other.conv and abs(one.seq - other.seq) == 1
 
 
 def as_hit(row: Candidate, score: float) -> Hit:
