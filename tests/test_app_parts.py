@@ -26,7 +26,15 @@ from recall.app.ingest import Ingest
 from recall.app.operations import Operations
 from recall.app.tools import Tools
 from recall.concurrency import BoundedRuns
-from recall.domain.answers import NO_MEMORY, NOT_YET, UNAVAILABLE, Passage, Recalled
+from recall.domain.answers import (
+    NO_MEMORY,
+    NOT_YET,
+    NOTHING_FOUND,
+    NOTHING_YET,
+    UNAVAILABLE,
+    Passage,
+    Recalled,
+)
 from recall.domain.conversation import Conversation, user_dir_name
 from recall.domain.errors import EngineError, Forgotten, StoreUnavailable
 from recall.metrics import Metrics
@@ -54,6 +62,8 @@ class FakeStore:
         self.memory_state = "ready"
         self.erased = False
         self.forgets = 0  # the next settles that find a forget since the search's read
+        passage = Passage("c1", "t1", "2026-10-08T09:00:00Z", "assistant", 0, 16)
+        self.found = Recalled("MT-4471 is open.", (passage,))  # what a search finds
 
     async def _call(self, method: str, *args: Any) -> None:
         self.calls.append((method, args))
@@ -73,9 +83,7 @@ class FakeStore:
 
     async def search(self, user: str, query: str) -> Searched:
         await self._call("search", user, query)
-        passage = Passage("c1", "t1", "2026-10-08T09:00:00Z", "assistant", 0, 16)
-        found = Recalled("MT-4471 is open.", (passage,))
-        return Searched(self.memory_state, found, 1)  # type: ignore[arg-type]
+        return Searched(self.memory_state, self.found, 1)  # type: ignore[arg-type]
 
     async def settle(self, user: str, mark: int | None, line: dict[str, Any] | None) -> str:
         await self._call("settle", user, mark)
@@ -250,6 +258,15 @@ async def test_a_first_index_not_done_says_not_yet_and_sees_the_run_due() -> Non
     store.memory_state = "pending"
     assert await tool_search(answers_over(store)) == NOT_YET
     assert store.repaired == [ALICE]
+
+
+@pytest.mark.parametrize(("state", "said"), [("ready", NOTHING_FOUND), ("behind", NOTHING_YET)])
+async def test_nothing_found_while_a_run_is_due_says_nothing_yet_not_nothing(
+    state: str, said: str
+) -> None:
+    store = FakeStore()
+    store.memory_state, store.found = state, Recalled("")
+    assert await tool_search(answers_over(store)) == said
 
 
 async def test_a_recall_that_times_out_answers_unavailable_and_counts_a_timeout() -> None:

@@ -26,9 +26,9 @@ from recall.domain.answers import (
     NO_MEMORY,
     NOT_YET,
     NOTHING_FOUND,
+    NOTHING_YET,
     UNAVAILABLE,
     Recalled,
-    still_indexing,
 )
 from recall.domain.conversation import LONE_SURROGATE, user_dir_name
 from recall.domain.errors import EngineError, StoreUnavailable
@@ -196,8 +196,8 @@ class Answers:
             return Recalled(NOTHING_FOUND)
         seconds = time.monotonic() - started
         log.info("recall for user %s in %.3fs", user, seconds, extra=user_fields(user, seconds))
-        found = searched.found
-        if state == "behind":  # what the due run has not read yet is no "nothing" as a fact
-            found = still_indexing(found)
-        found = found.cut(self.max_result_chars)
-        return found if found.text else Recalled(NOTHING_FOUND)
+        found = searched.found.cut(self.max_result_chars)
+        if found.text:  # its own lines already worded by the state (the store told the renderer)
+            return found
+        # What the due run has not read yet is no "nothing" as a fact.
+        return Recalled(NOTHING_YET if state == "behind" else NOTHING_FOUND)

@@ -274,7 +274,9 @@ class FilesStore:
         state = await self.state(user)
         if state not in SEARCHABLE or not query.strip():
             return Searched(state, Recalled(""), mark)
-        return Searched(state, await self.recall(user, query), mark)
+        behind = state == "behind"  # the renderer words what the due run may change as "not yet"
+        found = await self.engine.recall(self.home(user), query, still_indexing=behind)
+        return Searched(state, found, mark)
 
     async def locate(self, user: str, ref: str) -> Located:
         mark = await self.mark(user)

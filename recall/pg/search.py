@@ -182,7 +182,11 @@ class PgSearch:
                 found, said = await self._search(conn, user_hash, query, *analysed, row)
         except psycopg.DataError as exc:  # e.g. vectors of another dimension than the query's
             raise EngineError(f"index unreadable: {type(exc).__name__}") from exc
-        return state, seen, render(found, query, self.max_chars, user_hash, said)
+        # A search words its answer by the state it read (a run due: "not yet"); recall, on its
+        # own, answers plainly whatever the state.
+        behind = not always and state == "behind"
+        answer = render(found, query, self.max_chars, user_hash, said, still_indexing=behind)
+        return state, seen, answer
 
     async def _search(
         self,
