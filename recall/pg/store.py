@@ -55,7 +55,7 @@ from recall.domain.forgetting import (
     stamp,
     turn_digest,
 )
-from recall.pg.database import Database, xact_lock
+from recall.pg.database import Database, StartCheck, xact_lock
 from recall.pg.index import IndexRunner, drop_conversation, drop_user_index, index_lock
 from recall.pg.schema import key_id
 from recall.pg.search import PgSearch, Seen
@@ -590,10 +590,10 @@ class PgStore:
             self.runner.repair(user)
 
 
-def from_settings(settings: Settings) -> PgStore:
+def from_settings(settings: Settings, checked: StartCheck | None = None) -> PgStore:
     """The PostgreSQL store a replica serves from (STORE=postgres): the pool, the embedded
     ranking over the database, and the index runs it claims. ConfigError when the model cannot
-    be loaded."""
+    be loaded. ``checked``: the start's check of the database, made already (check_at_start)."""
     from recall.embedder import QUERY_THREADS
     from recall.indexing.configured import configured_embedder, index_workers
 
@@ -602,7 +602,7 @@ def from_settings(settings: Settings) -> PgStore:
     # embed in worker processes of their own, as the files store's do.
     queries = configured_embedder(settings, QUERY_THREADS)
     workers = index_workers(settings)
-    database = Database(settings.database_url, settings.database_pool)
+    database = Database(settings.database_url, settings.database_pool, checked=checked)
     runner = IndexRunner(
         database,
         queries,
