@@ -34,7 +34,7 @@ from recall.domain.conversation import LONE_SURROGATE, user_dir_name
 from recall.domain.errors import EngineError, StoreUnavailable
 from recall.logs import user_fields
 from recall.metrics import Metrics, recall_timed_out
-from recall.store import AuditLine, Located, Mark, Searched, Store
+from recall.store import AuditLine, Located, Mark, Marked, Searched, Store
 
 log = logging.getLogger("recall")
 
@@ -145,18 +145,21 @@ class Answers:
 
     async def _read(self, user: str, call: Call) -> tuple[Recalled, Mark]:
         """The call's one read from the store, in the recall slots: its answer, and the mark it
-        was read under (None when it failed: its fail-soft answer holds nothing read)."""
+        was read under; when it failed (its fail-soft answer holds nothing read), the mark it
+        left before failing, so that its audit line meets the same erase check as any other."""
         started = time.monotonic()
+        marked = Marked()
         try:
             if isinstance(call, Search):
-                searched = await self.recalls.run(lambda: self.store.search(user, call.query))
+                searched = await self.recalls.run(
+                    lambda: self.store.search(user, call.query, marked)
+                )
                 return self.searched(user, call.query, searched, started), searched.mark
-            located = await self.recalls.run(lambda: self.store.locate(user, call.ref))
+            located = await self.recalls.run(lambda: self.store.locate(user, call.ref, marked))
             return self.located(call, located), located.mark
         except Exception as exc:  # fail soft
-            return self.failed_soft(
-                user, "recall" if isinstance(call, Search) else "read", exc
-            ), None
+            what = "recall" if isinstance(call, Search) else "read"
+            return self.failed_soft(user, what, exc), marked.mark
 
     def located(self, call: Read, located: Located) -> Recalled:
         """The read tool's answer: the turns asked for, or that no conversation has the ref."""

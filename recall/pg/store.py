@@ -64,6 +64,7 @@ from recall.store import (
     AuditLine,
     Located,
     Mark,
+    Marked,
     MemoryState,
     Receipt,
     Searched,
@@ -563,19 +564,21 @@ class PgStore:
     async def recall(self, user: str, query: str) -> Recalled:
         return await self._searcher().recall(user, query)
 
-    async def search(self, user: str, query: str) -> Searched:
-        return await self._searcher().search(user, query)
+    async def search(self, user: str, query: str, marked: Marked | None = None) -> Searched:
+        return await self._searcher().search(user, query, marked)
 
-    async def locate(self, user: str, ref: str) -> Located:
+    async def locate(self, user: str, ref: str, marked: Marked | None = None) -> Located:
         """The lookup in one snapshot: the erasures, the user's conversation ids, the one named."""
         async with self.database.user(user, read_only=True, repeatable=True) as conn:
             row = await _one(conn, "SELECT erasures FROM users WHERE user_hash = %s", (user,))
+            mark = Seen(0 if row is None else int(row[0]), None)
+            if marked is not None:
+                marked.mark = mark
             ids = await _all(
                 conn, "SELECT conversation_id FROM conversations WHERE user_hash = %s", (user,)
             )
             named = conversation_named(user, ref, (cid for (cid,) in ids))
             body = None if named is None else await _one(conn, BODY_BY_ID, (user, named))
-        mark = Seen(0 if row is None else int(row[0]), None)
         if named is None or body is None:
             return Located(None, mark)
         return Located((named, readable_lines(body[0].encode("utf-8"))), mark)
