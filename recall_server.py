@@ -34,6 +34,8 @@ from recall.transport import STARTUP_FAILURE, Refusal, fit_descriptor_limit, por
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from recall.pg.database import StartCheck
+
 USAGE = """\
 usage: recall-server                 serve the MCP endpoint /mcp, POST /turns, GET /healthz,
                                      /readyz, /metrics and POST /forget, /erase, /receipts, /audit
@@ -52,9 +54,10 @@ Settings are environment variables (default after =):
 """
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings, checked: StartCheck | None = None) -> Starlette:
     """The server for ``settings``: its parts built once, its routes and tools registered, the
-    Starlette app uvicorn serves (ConfigError names what cannot serve)."""
+    Starlette app uvicorn serves (ConfigError names what cannot serve). ``checked``: what
+    main's check of the database found, so the lifespan does not connect for it again."""
     # Imported here, not at the top: FastMCP, the app and the engine they load take about a
     # CPU-second, which a start that main() refuses for its settings never pays.
     from fastmcp import FastMCP
@@ -72,7 +75,7 @@ def create_app(settings: Settings) -> Starlette:
     from recall.importing.routes import ChatImports
     from recall.memory_api import MemoryApi
 
-    app = context.build(settings)
+    app = context.build(settings, checked=checked)
     mcp = FastMCP("recall", auth=app.verifier, lifespan=app.lifespan)
     # The person's memory page and its API: the same bearer token as /mcp, the tool's search.
     memory = MemoryApi(
@@ -155,15 +158,19 @@ def main() -> None:
         sys.exit(f"recall-server: {refused}")
     if problem := fit_descriptor_limit(settings.max_connections):
         sys.exit(f"recall-server: {problem}")
+    checked = None
     if settings.store == "postgres" and settings.database_url:
-        from recall.pg.database import refused_at_start  # psycopg is needed only there
+        from recall.pg.database import check_at_start  # psycopg is needed only there
 
-        # A database that refuses this replica, said as the lifespan says it, before the model
-        if reason := refused_at_start(settings.database_url):
-            Refusal().refuse(reason)
+        # The one check of the database, before the model: one that refuses this replica is
+        # said as the lifespan says it; what it found goes to the lifespan, which connects no
+        # more (a host that drops packets is waited for once).
+        checked = check_at_start(settings.database_url)
+        if checked.refused is not None:
+            Refusal().refuse(checked.refused)
             sys.exit(STARTUP_FAILURE)
     try:
-        app = create_app(settings)
+        app = create_app(settings, checked)
     except ConfigError as exc:
         sys.exit(f"recall-server: {exc}")
     adopt_library_loggers()  # FastMCP, imported by create_app, brought its own handler

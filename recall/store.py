@@ -47,6 +47,16 @@ class Searched:
     mark: Mark
 
 
+@dataclass
+class Marked:
+    """Where a read leaves the mark of its erase check as soon as it has one (the files store:
+    before anything it reads; PostgreSQL: once its snapshot read the user's row), for a read
+    that then fails or times out: the call's "unavailable" audit line is settled against it, as
+    every other line is. None while the read has not reached the user's data."""
+
+    mark: Mark = None
+
+
 @dataclass(frozen=True)
 class Located:
     """A read tool's lookup: the conversation a ref names, with its stored turns (None when the
@@ -142,23 +152,26 @@ class Store(Protocol):
 
     # --- a tool call: one read, then one check (and the audit line) -------------------------
 
-    async def search(self, user: str, query: str) -> Searched:
+    async def search(self, user: str, query: str, marked: Marked | None = None) -> Searched:
         """The memory state and, when it is searchable and ``query`` is not empty, the engine's
         answer, read together (on PostgreSQL in one snapshot), with the mark they were read
-        under. EngineError when the index cannot be searched; safe to cancel."""
+        under. EngineError when the index cannot be searched; safe to cancel. ``marked`` gets
+        the erase check's mark before the read can fail after it."""
         ...
 
-    async def locate(self, user: str, ref: str) -> Located:
+    async def locate(self, user: str, ref: str, marked: Marked | None = None) -> Located:
         """The conversation with reference ``ref`` (recall/reading.py) and its turns, read now
-        (no cache: a forget on any replica is honoured at once), with the mark."""
+        (no cache: a forget on any replica is honoured at once), with the mark (in ``marked``
+        too, as soon as it is taken)."""
         ...
 
     async def settle(self, user: str, mark: Mark, line: AuditLine | None) -> Settled:
         """One check after a search or a lookup, and for a tool call (``line``) its audit line,
         appended only when the check found nothing (and the user has data): "erased" when an
         erase came since ``mark``; "forgotten" when a forget came since a search's mark (its
-        answer may hold what went: the caller searches again). ``mark`` None (the read failed
-        and told none): no check. A search's passages go out only after a "kept" or
+        answer may hold what went: the caller searches again). A read that failed settles with
+        the mark it left in ``Marked``; None (it failed before reaching the user's data): no
+        check. A search's passages go out only after a "kept" or
         "unaudited"; then none of a conversation forgotten, on any replica, before the call
         returned."""
         ...

@@ -225,6 +225,9 @@ def cmd_recall(args: list[str], home: Path, control: dict[str, Any]) -> int:
         return 0
     chunks = list(json.loads(store_path.read_text()).values())
     _wait_for_gate(control.get("recall_gate"))  # the memory is read: it answers from what it read
+    if control.get("fail_after_read"):  # it read the memory, then failed before answering
+        print(_error(control, "error: recall failed", " ".join(query_words), home), file=sys.stderr)
+        return 1
     wanted = _terms(" ".join(query_words))
     scored = [(len(wanted & _terms(c["text"])), c) for c in chunks]
     hits = [c for score, c in sorted(scored, key=lambda x: -x[0]) if score > 0][:candidates][:k]

@@ -21,17 +21,25 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from recall.app import context
-from recall.app.answers import MAX_TRIES, Answers, Search
+from recall.app.answers import MAX_TRIES, Answers, Read, Search
 from recall.app.ingest import Ingest
 from recall.app.operations import Operations
 from recall.app.tools import Tools
 from recall.concurrency import BoundedRuns
-from recall.domain.answers import NO_MEMORY, NOT_YET, UNAVAILABLE, Passage, Recalled
+from recall.domain.answers import (
+    NO_MEMORY,
+    NOT_YET,
+    NOTHING_FOUND,
+    NOTHING_YET,
+    UNAVAILABLE,
+    Passage,
+    Recalled,
+)
 from recall.domain.conversation import Conversation, user_dir_name
 from recall.domain.errors import EngineError, Forgotten, StoreUnavailable
 from recall.metrics import Metrics
 from recall.settings import Settings
-from recall.store import Searched
+from recall.store import Located, Marked, Searched
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 80
@@ -54,6 +62,11 @@ class FakeStore:
         self.memory_state = "ready"
         self.erased = False
         self.forgets = 0  # the next settles that find a forget since the search's read
+        passage = Passage("c1", "t1", "2026-10-08T09:00:00Z", "assistant", 0, 16)
+        self.found = Recalled("MT-4471 is open.", (passage,))  # what a search finds
+        # The mark a read leaves before it can fail (None: it fails before any, as a database
+        # that cannot be reached)
+        self.early_mark: int | None = None
 
     async def _call(self, method: str, *args: Any) -> None:
         self.calls.append((method, args))
@@ -71,11 +84,17 @@ class FakeStore:
         await self._call("receipts", user)
         return []
 
-    async def search(self, user: str, query: str) -> Searched:
+    async def search(self, user: str, query: str, marked: Marked | None = None) -> Searched:
+        if marked is not None:
+            marked.mark = self.early_mark
         await self._call("search", user, query)
-        passage = Passage("c1", "t1", "2026-10-08T09:00:00Z", "assistant", 0, 16)
-        found = Recalled("MT-4471 is open.", (passage,))
-        return Searched(self.memory_state, found, 1)  # type: ignore[arg-type]
+        return Searched(self.memory_state, self.found, 1)  # type: ignore[arg-type]
+
+    async def locate(self, user: str, ref: str, marked: Marked | None = None) -> Located:
+        if marked is not None:
+            marked.mark = self.early_mark
+        await self._call("locate", user, ref)
+        return Located(None, 1)
 
     async def settle(self, user: str, mark: int | None, line: dict[str, Any] | None) -> str:
         await self._call("settle", user, mark)
@@ -216,6 +235,28 @@ async def test_a_failed_search_is_audited_as_unavailable_with_no_mark_to_check()
     assert [line["outcome"] for _, line in store.audited] == ["unavailable"]
 
 
+@pytest.mark.parametrize("method", ["search", "locate"])
+async def test_a_read_that_fails_after_its_mark_settles_its_audit_line_against_it(
+    method: str,
+) -> None:
+    # Given a store whose read takes its mark (1), then fails
+    call = Search("MT-4471") if method == "search" else Read("ref 3703f5ddfa38", 0, None)
+    kept, erased = FakeStore(), FakeStore()
+    for store in (kept, erased):
+        store.early_mark = 1
+        store.failures[method] = StoreUnavailable("down")
+    erased.erased = True
+    # When each answers a tool call, nothing erased since on one, an erase since on the other
+    answer = await answers_over(kept).for_caller(token(), call)
+    after_erase = await answers_over(erased).for_caller(token(), call)
+    # Then both settle against the mark the read left: the line goes in unless an erase came
+    # since, as any other audit line
+    assert answer == UNAVAILABLE
+    assert kept.calls[-1] == erased.calls[-1] == ("settle", (ALICE, 1))
+    assert [line["outcome"] for _, line in kept.audited] == ["unavailable"]
+    assert after_erase == call.erased.text and erased.audited == []
+
+
 async def test_an_audit_that_cannot_be_written_lets_the_answer_out() -> None:
     store = FakeStore()
     store.failures["audit"] = OSError("disk")
@@ -250,6 +291,15 @@ async def test_a_first_index_not_done_says_not_yet_and_sees_the_run_due() -> Non
     store.memory_state = "pending"
     assert await tool_search(answers_over(store)) == NOT_YET
     assert store.repaired == [ALICE]
+
+
+@pytest.mark.parametrize(("state", "said"), [("ready", NOTHING_FOUND), ("behind", NOTHING_YET)])
+async def test_nothing_found_while_a_run_is_due_says_nothing_yet_not_nothing(
+    state: str, said: str
+) -> None:
+    store = FakeStore()
+    store.memory_state, store.found = state, Recalled("")
+    assert await tool_search(answers_over(store)) == said
 
 
 async def test_a_recall_that_times_out_answers_unavailable_and_counts_a_timeout() -> None:

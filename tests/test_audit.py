@@ -181,6 +181,32 @@ async def test_a_recall_that_overlapped_an_erase_answers_none_of_it_and_leaves_n
     assert not (funes_server.home("alice") / AUDIT_FILE).exists()
 
 
+async def test_a_recall_that_failed_after_an_erase_began_leaves_no_audit_line_either(
+    funes_server: Server, fake_funes: FakeFunes, tmp_path: Path
+) -> None:
+    # Given alice's indexed conversation, and a tool call that has read her memory, is held, and
+    # will then fail (its answer: nothing read goes out)
+    # (another conversation than the test above's, whose erase left tombstones of its turns)
+    body = conversation("alice", "locker", "The locker code is quolvexite.", "Noted the code.")
+    assert funes_server.post(body)[0] == 202
+    funes_server.wait_indexed("alice")
+    gate = tmp_path / "recall-gate"
+    fake_funes.control(recall_gate=str(gate), fail_after_read=True)
+    call = asyncio.create_task(funes_server.recall("alice", "quolvexite locker code"))
+    while not fake_funes.calls("recall"):
+        await asyncio.sleep(0.05)
+    # When her memory is erased meanwhile, and then the held call fails
+    status, _ = await asyncio.to_thread(funes_server.post, {"user": "alice"}, route="/erase")
+    assert status == 200
+    gate.touch()
+    answer = await asyncio.wait_for(call, 60)
+    # Then its audit line met the erase check as a passage's would: none is left after the
+    # erase, and the agent hears what the erase left (no memory)
+    assert answer == NO_MEMORY
+    assert post_audit(funes_server, {"user": "alice"}) == (200, {"entries": []})
+    assert not (funes_server.home("alice") / AUDIT_FILE).exists()
+
+
 def test_the_outcome_of_an_answer_is_named_by_what_it_shows() -> None:
     # An answer that only names identifiers no conversation mentions served nothing; the
     # not-yet answer is its own outcome; passages after the note are passages

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -116,6 +120,51 @@ def test_an_unreachable_database_at_start_is_an_outage_the_replica_waits_out(
         assert server.post(conversation("alice", "c1", "Hello."))[0] == 503
     (line,) = lines_with(server.log(), "database unreachable at start")
     assert "Connection refused" in line and "Secret-Pa55word" not in server.log()
+
+
+@contextlib.contextmanager
+def silent_port() -> Iterator[tuple[int, list[float]]]:
+    """A loopback port that takes connections and never says a word (as a host that drops
+    packets: a connection attempt waits out its timeout), and when each was taken (time.time)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken: list[float] = []
+    held: list[socket.socket] = []  # kept open: a closed one would fail the attempt at once
+
+    def take() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: the test is over
+            while True:
+                conn, _ = listener.accept()
+                taken.append(time.time())
+                held.append(conn)
+
+    threading.Thread(target=take, daemon=True).start()
+    try:
+        yield listener.getsockname()[1], taken
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+def test_a_start_against_a_database_that_never_answers_waits_for_one_check_not_two(
+    tmp_path: Path,
+) -> None:
+    # Given a DATABASE_URL whose host takes connections and never answers
+    with silent_port() as (port, taken):
+        url = f"postgresql://recall_app:Secret-Pa55word@127.0.0.1:{port}/recall"
+        server = make_server(
+            tmp_path, ENGINE="embedded", STORE="postgres", DATABASE_URL=url, LOG_FORMAT="json"
+        )
+        # When the replica starts (it serves: an outage does not stop it)
+        with server.start(timeout=120):
+            (line,) = lines_with(server.log(), "database unreachable at start")
+            warned = datetime.fromisoformat(json.loads(line)["time"]).timestamp()
+            status, body, _ = get(server, "/readyz")
+    # Then the database was tried once before the start said it is unreachable (main's check,
+    # before the model; the lifespan took its outcome rather than wait CONNECT_SECONDS again),
+    # and the replica answers "database" until it answers
+    assert len([at for at in taken if at <= warned]) == 1, (taken, warned)
+    assert (status, json.loads(body)["failed"]) == (503, "database")
 
 
 AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '

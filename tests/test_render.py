@@ -9,10 +9,7 @@ from __future__ import annotations
 from recall.domain.answers import (
     MORE_MATCH,
     NEVER_MENTIONED_YET,
-    NOTHING_FOUND,
-    NOTHING_YET,
     Recalled,
-    still_indexing,
 )
 from recall.ranking.render import Neighbour, render
 from recall.ranking.search import Hit, Notes
@@ -207,17 +204,26 @@ def test_while_an_index_run_is_due_the_negatives_say_not_yet_and_the_spans_still
     listed = render([(LATER, [])], Query.parse("release"), 400, USER, Notes(more=2))
     none = render([], Query.parse("MT-5120 release"), 400, USER, Notes(unknown=("MT-5120",)))
 
-    # When the server tells them while the user's index is behind (a run due or going)
-    later_near, later_listed, later_none, later_empty = (
-        still_indexing(answer) for answer in (near, listed, none, Recalled(""))
+    # When the store renders them while the user's index is behind (a run due or going)
+    later_near = render(
+        [(LATER, [])], Query.parse("MT-5120 release"), 400, USER, notes, still_indexing=True
+    )
+    later_listed = render(
+        [(LATER, [])], Query.parse("release"), 400, USER, Notes(more=2), still_indexing=True
+    )
+    later_none, later_empty = (
+        render([], Query.parse("MT-5120 release"), 400, USER, said, still_indexing=True)
+        for said in (Notes(unknown=("MT-5120",)), Notes())
     )
 
-    # Then the never-mentioned line says "not yet", the passages' spans still point at their
-    # blocks, a list without negatives is unchanged, and nothing found is "not yet" too
+    # Then the never-mentioned line says "not yet", the passages' spans point at their blocks,
+    # a list without negatives is unchanged, and nothing found stays empty (the server's
+    # "nothing yet": test_app_parts)
     rest = near.text.partition("\n")[2]
     assert later_near.text == NEVER_MENTIONED_YET.format("MT-5120") + "\n" + rest
     block = near.text[near.passages[0].start : near.passages[0].end]
     assert later_near.text[later_near.passages[0].start : later_near.passages[0].end] == block
     assert later_listed == listed
     assert later_none == Recalled(NEVER_MENTIONED_YET.format("MT-5120"))
-    assert later_empty == still_indexing(Recalled(NOTHING_FOUND)) == Recalled(NOTHING_YET)
+    assert none.passages == later_none.passages == ()
+    assert later_empty == Recalled("")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Backing, FakeFunes, Server, conversation, make_server, wait_for
@@ -133,10 +135,10 @@ def debounced(
     tmp_path_factory: pytest.TempPathFactory, module_backing: Backing
 ) -> Iterator[Server]:
     """One embedded server per store whose index runs wait DEBOUNCE after a post: for the tests
-    of what a search says before a run (carol's first post; alice's second)."""
+    of what a search says before a run (carol's first post; alice's and dave's second)."""
     workdir = tmp_path_factory.mktemp("tool-contract-debounced")
     settings = {"ENGINE": "embedded", "INDEX_DEBOUNCE": str(DEBOUNCE), **module_backing.settings}
-    with make_server(workdir, users=("alice", "carol"), **settings).start() as server:
+    with make_server(workdir, users=("alice", "carol", "dave"), **settings).start() as server:
         yield server
 
 
@@ -199,6 +201,47 @@ async def test_a_search_while_a_posted_conversation_waits_for_its_index_run_stat
     assert never.startswith(NEVER_MENTIONED.format("Q-9")), never
     assert "still being indexed" not in never
     assert await server.recall("alice", "zebra giraffe savanna") == NOTHING_FOUND
+
+
+async def test_an_identifier_never_mentioned_while_a_run_is_due_is_not_yet_and_spans_hold(
+    debounced: Server,
+) -> None:
+    # Given dave's memory indexed once, on a server whose index runs wait a debounce after a post
+    server = debounced
+    assert server.post(conversation("dave", "d1", "The K-2 compressor was serviced."))[0] == 202
+    server.wait_indexed("dave")
+    wait_for(lambda: server.health()["indexing"] == 0)
+    # When another conversation is stored (a run is due), and he searches for an identifier no
+    # conversation holds beside a word one does, through the tool and on his memory page
+    posted = time.monotonic()
+    body = conversation("dave", "d2", "The Z-3 pump was replaced.")
+    assert server.post(body)[0] == 202
+    tool_answer = await server.recall("dave", "Q-9 compressor")
+    page = page_search(server, "dave", "Q-9 compressor")
+    assert time.monotonic() - posted < DEBOUNCE, "the run may have come: the test proves nought"
+    # Then the never-mentioned line says "not yet", above the K-2 passage, and the passage's
+    # span is its block: the page's notes (the answer's lines outside the spans) are exactly the
+    # lines before it, and the page's answer is the tool's
+    assert tool_answer.startswith(NEVER_MENTIONED_YET.format("Q-9") + "\n"), tool_answer
+    assert "The K-2 compressor was serviced." in tool_answer
+    assert page["answer"] == tool_answer
+    assert len(page["passages"]) == tool_answer.count("\n---\n") == 1
+    lead = tool_answer[: tool_answer.index("\n[") + 1]
+    assert page["notes"] == lead.splitlines(), page["notes"]
+
+
+def page_search(server: Server, user: str, query: str) -> dict[str, Any]:
+    """The user's memory page's search (POST /api/me/search), which must succeed."""
+    request = urllib.request.Request(
+        f"{server.url}/api/me/search",
+        data=json.dumps({"query": query}).encode(),
+        headers={
+            "content-type": "application/json",
+            "authorization": f"Bearer {server.tokens[user]}",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
 
 
 async def test_a_lost_index_still_answers_unavailable_and_warns(

@@ -26,15 +26,15 @@ from recall.domain.answers import (
     NO_MEMORY,
     NOT_YET,
     NOTHING_FOUND,
+    NOTHING_YET,
     UNAVAILABLE,
     Recalled,
-    still_indexing,
 )
 from recall.domain.conversation import LONE_SURROGATE, user_dir_name
 from recall.domain.errors import EngineError, StoreUnavailable
 from recall.logs import user_fields
 from recall.metrics import Metrics, recall_timed_out
-from recall.store import AuditLine, Located, Mark, Searched, Store
+from recall.store import AuditLine, Located, Mark, Marked, Searched, Store
 
 log = logging.getLogger("recall")
 
@@ -145,18 +145,21 @@ class Answers:
 
     async def _read(self, user: str, call: Call) -> tuple[Recalled, Mark]:
         """The call's one read from the store, in the recall slots: its answer, and the mark it
-        was read under (None when it failed: its fail-soft answer holds nothing read)."""
+        was read under; when it failed (its fail-soft answer holds nothing read), the mark it
+        left before failing, so that its audit line meets the same erase check as any other."""
         started = time.monotonic()
+        marked = Marked()
         try:
             if isinstance(call, Search):
-                searched = await self.recalls.run(lambda: self.store.search(user, call.query))
+                searched = await self.recalls.run(
+                    lambda: self.store.search(user, call.query, marked)
+                )
                 return self.searched(user, call.query, searched, started), searched.mark
-            located = await self.recalls.run(lambda: self.store.locate(user, call.ref))
+            located = await self.recalls.run(lambda: self.store.locate(user, call.ref, marked))
             return self.located(call, located), located.mark
         except Exception as exc:  # fail soft
-            return self.failed_soft(
-                user, "recall" if isinstance(call, Search) else "read", exc
-            ), None
+            what = "recall" if isinstance(call, Search) else "read"
+            return self.failed_soft(user, what, exc), marked.mark
 
     def located(self, call: Read, located: Located) -> Recalled:
         """The read tool's answer: the turns asked for, or that no conversation has the ref."""
@@ -196,8 +199,8 @@ class Answers:
             return Recalled(NOTHING_FOUND)
         seconds = time.monotonic() - started
         log.info("recall for user %s in %.3fs", user, seconds, extra=user_fields(user, seconds))
-        found = searched.found
-        if state == "behind":  # what the due run has not read yet is no "nothing" as a fact
-            found = still_indexing(found)
-        found = found.cut(self.max_result_chars)
-        return found if found.text else Recalled(NOTHING_FOUND)
+        found = searched.found.cut(self.max_result_chars)
+        if found.text:  # its own lines already worded by the state (the store told the renderer)
+            return found
+        # What the due run has not read yet is no "nothing" as a fact.
+        return Recalled(NOTHING_YET if state == "behind" else NOTHING_FOUND)

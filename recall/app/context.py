@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastmcp import FastMCP
 from fastmcp.server.auth import AuthProvider
@@ -27,6 +27,9 @@ from recall.metrics import Metrics
 from recall.settings import ConfigError, Settings
 from recall.store import Store
 from recall.transport import Refusal
+
+if TYPE_CHECKING:
+    from recall.pg.database import StartCheck  # psycopg is imported only for STORE=postgres
 
 log = logging.getLogger("recall")
 
@@ -90,12 +93,18 @@ class App:
         self.writes.shutdown()
 
 
-def make_store(settings: Settings, writes: ThreadPoolExecutor, metrics: Metrics) -> Store:
-    """STORE=files: DATA_DIR and funes or the embedded engine; STORE=postgres: DATABASE_URL."""
+def make_store(
+    settings: Settings,
+    writes: ThreadPoolExecutor,
+    metrics: Metrics,
+    checked: StartCheck | None = None,
+) -> Store:
+    """STORE=files: DATA_DIR and funes or the embedded engine; STORE=postgres: DATABASE_URL
+    (``checked``: what the start's check of it found already)."""
     if settings.store == "postgres":
         from recall.pg.store import from_settings  # psycopg is needed only there
 
-        return from_settings(settings)
+        return from_settings(settings, checked)
     return FilesStore(
         settings.data_dir.resolve(),
         make_engine(settings),
@@ -106,9 +115,11 @@ def make_store(settings: Settings, writes: ThreadPoolExecutor, metrics: Metrics)
     )
 
 
-def build(settings: Settings, store: Store | None = None) -> App:
+def build(settings: Settings, store: Store | None = None, checked: StartCheck | None = None) -> App:
     """The parts, from the settings (ConfigError names what cannot serve); ``store`` replaces
-    the configured one, for a test that runs routes over a store of its own."""
+    the configured one, for a test that runs routes over a store of its own; ``checked``: the
+    database's check this start made before the model (main), which the lifespan does not
+    repeat."""
     os.umask(PRIVATE_UMASK)  # whatever builds the app: all it and its workers create is private
     if refused := settings.refusal():
         raise ConfigError(refused)
@@ -119,7 +130,7 @@ def build(settings: Settings, store: Store | None = None) -> App:
     writes = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="recall-write")
     metrics = Metrics()
     if store is None:
-        store = make_store(settings, writes, metrics)
+        store = make_store(settings, writes, metrics, checked)
     # Gauges read at scrape time; the vector cache is the embedded engine's or the database's.
     metrics.watch(recalls, getattr(store, "engine", store))
     answers = Answers(store, recalls, metrics, settings.max_result_chars, settings.jwt_user_claim)

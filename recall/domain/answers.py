@@ -25,7 +25,7 @@ NOTHING_YET = (
 # The answer's own lines beside its passages (the embedded ranking's; docs/CONTRACTS.md).
 # The query names identifiers that no stored conversation holds (as written, "P-7"):
 NEVER_MENTIONED = "No earlier conversation mentions {}."
-# ... as far as the index goes, while a run is due or going (the server's, see still_indexing):
+# ... as far as the index goes, while a run is due or going (the store tells the renderer):
 NEVER_MENTIONED_YET = (
     "No conversation indexed so far mentions {}, and recent ones are still being indexed: search "
     "again in a few seconds before concluding that it was never mentioned."
@@ -86,19 +86,3 @@ def outcome(answer: Recalled) -> str:
     """A fixed answer's name; else "passages" when it shows any, "nothing_found" when it only
     says which identifiers no conversation mentions."""
     return OUTCOMES.get(answer.text) or ("passages" if answer.passages else "nothing_found")
-
-
-def still_indexing(answer: Recalled) -> Recalled:
-    """``answer`` for a user whose index is behind the stored conversations (an index run due
-    or going): nothing found, or an identifier no indexed conversation mentions, is told as
-    "not yet" rather than as a fact the run may prove wrong. Passages stay as they are."""
-    if not answer.text or answer.text == NOTHING_FOUND:
-        return Recalled(NOTHING_YET)
-    first, newline, rest = answer.text.partition("\n")
-    head, tail = NEVER_MENTIONED.split("{}")
-    if not (first.startswith(head) and first.endswith(tail)):
-        return answer
-    line = NEVER_MENTIONED_YET.format(first[len(head) : len(first) - len(tail)])
-    moved = len(line) - len(first)
-    shifted = (replace(p, start=p.start + moved, end=p.end + moved) for p in answer.passages)
-    return Recalled(line + newline + rest, tuple(shifted))

@@ -44,6 +44,7 @@ from recall.store import (
     AuditLine,
     Located,
     Mark,
+    Marked,
     MemoryState,
     Receipt,
     Searched,
@@ -269,15 +270,21 @@ class FilesStore:
     async def recall(self, user: str, query: str) -> Recalled:
         return await self.engine.recall(self.home(user), query)
 
-    async def search(self, user: str, query: str) -> Searched:
+    async def search(self, user: str, query: str, marked: Marked | None = None) -> Searched:
         mark = await self.mark(user)  # first: an erase from here on is settle's to tell
+        if marked is not None:
+            marked.mark = mark
         state = await self.state(user)
         if state not in SEARCHABLE or not query.strip():
             return Searched(state, Recalled(""), mark)
-        return Searched(state, await self.recall(user, query), mark)
+        behind = state == "behind"  # the renderer words what the due run may change as "not yet"
+        found = await self.engine.recall(self.home(user), query, still_indexing=behind)
+        return Searched(state, found, mark)
 
-    async def locate(self, user: str, ref: str) -> Located:
+    async def locate(self, user: str, ref: str, marked: Marked | None = None) -> Located:
         mark = await self.mark(user)
+        if marked is not None:
+            marked.mark = mark
         conversation_id = conversation_named(user, ref, await self.conversation_ids(user))
         turns = None if conversation_id is None else await self.turns(user, conversation_id)
         found = None if conversation_id is None or turns is None else (conversation_id, turns)

@@ -24,6 +24,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -70,13 +71,31 @@ class DatabaseRefused(StoreUnavailable):
     failed the check): every use is refused, as when it is away (503, the tool fails soft)."""
 
 
+@dataclass(frozen=True)
+class StartCheck:
+    """What a replica's one check at start found (``check_at_start``, before the server loads
+    its model): why the database refuses this server for good (``refused``, the line the server
+    exits with), or why it did not answer (``outage``), or neither: its role and schema passed."""
+
+    refused: str | None = None
+    outage: str | None = None
+
+
 class Database:
-    def __init__(self, url: str, size: int, verify: Verify | None = check_schema) -> None:
-        """``verify``: run on a connection before anything else is (None: nothing to check)."""
+    def __init__(
+        self,
+        url: str,
+        size: int,
+        verify: Verify | None = check_schema,
+        checked: StartCheck | None = None,
+    ) -> None:
+        """``verify``: run on a connection before anything else is (None: nothing to check).
+        ``checked``: what this start's check already found (``start`` then connects no more)."""
         self.where = _where(url)
         self._url = url
         self._verify = verify
         self._verified = verify is None
+        self._checked_at_start = checked
         self._verifying = asyncio.Lock()
         self._refused = asyncio.Event()
         self.refused: str | None = None  # why, once the check failed
@@ -105,10 +124,19 @@ class Database:
         await self._pool.open(wait=False)
 
     async def start(self) -> None:
-        """A replica's start: one connection of its own first (``first_check``). When the
-        database does not answer (an outage), the pool opens all the same and the check waits
-        for the first connection that succeeds."""
-        if (outage := await self.first_check()) is not None:
+        """A replica's start: one connection of its own first (``first_check``), unless the
+        start's check was made already (``checked``: a host that drops packets is waited for
+        once, not twice). When the database does not answer (an outage), the pool opens all the
+        same and the check waits for the first connection that succeeds."""
+        checked = self._checked_at_start
+        if checked is None:
+            outage = await self.first_check()
+        elif checked.refused is not None:  # main() exits before; a caller that did not
+            raise ConfigError(checked.refused)
+        else:
+            outage = checked.outage
+            self._verified = self._verified or outage is None  # the check passed on its connection
+        if outage is not None:
             log.warning(
                 "database unreachable at start (%s): requests answer 503 and /readyz "
                 '"database" until it answers; its role and schema are checked then',
@@ -313,17 +341,17 @@ def _check_committed(cur: psycopg.AsyncCursor[Any]) -> None:
         )
 
 
-def refused_at_start(url: str) -> str | None:
-    """Why a replica must not serve from the database at ``url`` (Database.start's ConfigError),
-    seen on one connection before the server loads its model and app; None when the check
-    passed or the database does not answer (the server's own start then waits for it)."""
+def check_at_start(url: str) -> StartCheck:
+    """A replica's one check of the database at ``url`` (Database.first_check), made before the
+    server loads its model and app: a database that refuses it is refused at once; what it
+    found is handed to the lifespan's Database (``checked``), which connects no more."""
 
-    async def first_check() -> str | None:
+    async def first_check() -> StartCheck:
         try:
-            await Database(url, 1).first_check()  # its pool is never opened
+            outage = await Database(url, 1).first_check()  # its pool is never opened
         except ConfigError as exc:
-            return str(exc)
-        return None
+            return StartCheck(refused=str(exc))
+        return StartCheck(outage=outage)
 
     return asyncio.run(first_check())
 

@@ -38,7 +38,7 @@ from recall.ranking.render import render
 from recall.ranking.search import MIN_SIMILARITY, Notes
 from recall.ranking.text import Query
 from recall.ranking.vectors import VectorCache, VectorLoads, Vectors
-from recall.store import SEARCHABLE, MemoryState, Searched
+from recall.store import SEARCHABLE, Marked, MemoryState, Searched
 
 # A recall re-runs when a forget committed while it read; past this many tries in a row it
 # gives up (a user forgetting without pause): RecallRaced, which the server answers softly.
@@ -123,13 +123,15 @@ class PgSearch:
         async with self.db.user(user_hash, read_only=True) as conn:
             return memory_state(await self._user_row(conn, user_hash), self.wanted)
 
-    async def search(self, user_hash: str, text: str) -> Searched:
+    async def search(self, user_hash: str, text: str, marked: Marked | None = None) -> Searched:
         """The memory state, the answer for ``text`` when the state is searchable (else
         ``Recalled("")``), and the counters they were read under (a Seen, for PgStore.settle),
         all in one snapshot. Whether a forget committed since is settle's to tell."""
         query = Query.parse(text) if text.strip() else None
         analysed = await run_in(self._pool, self._analyse, query) if query else None
-        state, seen, found = await self._snapshot(user_hash, query, analysed, always=False)
+        state, seen, found = await self._snapshot(
+            user_hash, query, analysed, always=False, marked=marked
+        )
         return Searched(state, found, seen)
 
     async def recall(self, user_hash: str, text: str) -> Recalled:
@@ -169,20 +171,28 @@ class PgSearch:
         analysed: tuple[np.ndarray, list[list[list[str]]]] | None,
         *,
         always: bool,
+        marked: Marked | None = None,
     ) -> tuple[MemoryState, Seen, Recalled]:
         """One try, in one REPEATABLE READ READ ONLY snapshot: the state, the counters, and the
-        answer, ranked when the state is searchable (``always``: whatever the state)."""
+        answer, ranked when the state is searchable (``always``: whatever the state). The
+        erasures go to ``marked`` as soon as they are read, for a ranking that fails after."""
         try:
             async with self.db.user(user_hash, read_only=True, repeatable=True) as conn:
                 row = await self._user_row(conn, user_hash)
                 state = memory_state(row, self.wanted)
                 seen = Seen(row.erasures or 0, row.forgets or 0)
+                if marked is not None:  # what a failed search's audit line is checked against
+                    marked.mark = Seen(seen.erasures, None)
                 if query is None or analysed is None or not (always or state in SEARCHABLE):
                     return state, seen, Recalled("")
                 found, said = await self._search(conn, user_hash, query, *analysed, row)
         except psycopg.DataError as exc:  # e.g. vectors of another dimension than the query's
             raise EngineError(f"index unreadable: {type(exc).__name__}") from exc
-        return state, seen, render(found, query, self.max_chars, user_hash, said)
+        # A search words its answer by the state it read (a run due: "not yet"); recall, on its
+        # own, answers plainly whatever the state.
+        behind = not always and state == "behind"
+        answer = render(found, query, self.max_chars, user_hash, said, still_indexing=behind)
+        return state, seen, answer
 
     async def _search(
         self,

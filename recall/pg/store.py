@@ -55,7 +55,7 @@ from recall.domain.forgetting import (
     stamp,
     turn_digest,
 )
-from recall.pg.database import Database, xact_lock
+from recall.pg.database import Database, StartCheck, xact_lock
 from recall.pg.index import IndexRunner, drop_conversation, drop_user_index, index_lock
 from recall.pg.schema import key_id
 from recall.pg.search import PgSearch, Seen
@@ -64,6 +64,7 @@ from recall.store import (
     AuditLine,
     Located,
     Mark,
+    Marked,
     MemoryState,
     Receipt,
     Searched,
@@ -563,19 +564,21 @@ class PgStore:
     async def recall(self, user: str, query: str) -> Recalled:
         return await self._searcher().recall(user, query)
 
-    async def search(self, user: str, query: str) -> Searched:
-        return await self._searcher().search(user, query)
+    async def search(self, user: str, query: str, marked: Marked | None = None) -> Searched:
+        return await self._searcher().search(user, query, marked)
 
-    async def locate(self, user: str, ref: str) -> Located:
+    async def locate(self, user: str, ref: str, marked: Marked | None = None) -> Located:
         """The lookup in one snapshot: the erasures, the user's conversation ids, the one named."""
         async with self.database.user(user, read_only=True, repeatable=True) as conn:
             row = await _one(conn, "SELECT erasures FROM users WHERE user_hash = %s", (user,))
+            mark = Seen(0 if row is None else int(row[0]), None)
+            if marked is not None:
+                marked.mark = mark
             ids = await _all(
                 conn, "SELECT conversation_id FROM conversations WHERE user_hash = %s", (user,)
             )
             named = conversation_named(user, ref, (cid for (cid,) in ids))
             body = None if named is None else await _one(conn, BODY_BY_ID, (user, named))
-        mark = Seen(0 if row is None else int(row[0]), None)
         if named is None or body is None:
             return Located(None, mark)
         return Located((named, readable_lines(body[0].encode("utf-8"))), mark)
@@ -590,10 +593,10 @@ class PgStore:
             self.runner.repair(user)
 
 
-def from_settings(settings: Settings) -> PgStore:
+def from_settings(settings: Settings, checked: StartCheck | None = None) -> PgStore:
     """The PostgreSQL store a replica serves from (STORE=postgres): the pool, the embedded
     ranking over the database, and the index runs it claims. ConfigError when the model cannot
-    be loaded."""
+    be loaded. ``checked``: the start's check of the database, made already (check_at_start)."""
     from recall.embedder import QUERY_THREADS
     from recall.indexing.configured import configured_embedder, index_workers
 
@@ -602,7 +605,7 @@ def from_settings(settings: Settings) -> PgStore:
     # embed in worker processes of their own, as the files store's do.
     queries = configured_embedder(settings, QUERY_THREADS)
     workers = index_workers(settings)
-    database = Database(settings.database_url, settings.database_pool)
+    database = Database(settings.database_url, settings.database_pool, checked=checked)
     runner = IndexRunner(
         database,
         queries,

@@ -17,6 +17,8 @@ Each hit, best first, is one block:
 - The answer's notes (search.Notes), when there are any, come before the first block (the
   identifiers no conversation mentions; the near-miss label) and after the last (clearly more
   passages match than are shown), each on a line of its own; the blocks share what they leave.
+  While the user's index is behind (a run due or going), the identifiers are those no *indexed*
+  conversation mentions, and their line says so (NEVER_MENTIONED_YET): the run may prove it wrong.
 - The whole answer is at most ``max_chars`` characters. Each of the first SHARES hits gets a fair
   share of what the ones before it left, as in an answer of SHARES hits (or of fewer, when
   fewer are found); each later one what is left, so a larger k never shortens the first blocks.
@@ -37,7 +39,14 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from recall.domain.answers import MORE_MATCH, NEAR_MISSES, NEVER_MENTIONED, Passage, Recalled
+from recall.domain.answers import (
+    MORE_MATCH,
+    NEAR_MISSES,
+    NEVER_MENTIONED,
+    NEVER_MENTIONED_YET,
+    Passage,
+    Recalled,
+)
 from recall.domain.conversation import place
 from recall.ranking.search import Hit, Notes
 from recall.ranking.text import Query
@@ -89,11 +98,14 @@ def render(
     max_chars: int,
     user: str,
     notes: Notes = NO_NOTES,
+    *,
+    still_indexing: bool = False,
 ) -> Recalled:
     """The hits in order, each given its share of what the ones before it left, between the
     notes' lines; each shown hit is a passage, its span its block. ``user`` (the user's hash)
-    makes the references."""
-    lead, tail = _note_lines(notes, bool(hits))
+    makes the references; ``still_indexing`` (the user's index is behind) words the identifiers
+    no conversation mentions as "not yet"."""
+    lead, tail = _note_lines(notes, bool(hits), still_indexing)
     out: list[str] = [lead]
     shown: list[Passage] = []
     remaining = max_chars - len(lead) - len(tail)
@@ -107,15 +119,16 @@ def render(
         out.append(block)
         remaining -= len(block)
     if not shown:  # no passage (or none fitted): only what no conversation mentions, if any
-        return Recalled(_note_lines(notes, False)[0].rstrip("\n"))
+        return Recalled(_note_lines(notes, False, still_indexing)[0].rstrip("\n"))
     out.append(tail)
     return Recalled("".join(out), tuple(shown)).cut(max_chars)
 
 
-def _note_lines(notes: Notes, any_hits: bool) -> tuple[str, str]:
+def _note_lines(notes: Notes, any_hits: bool, still_indexing: bool) -> tuple[str, str]:
     """The lines before the first block and after the last."""
     named = " or ".join(", ".join(notes.unknown).rsplit(", ", 1))
-    lead = NEVER_MENTIONED.format(named) + "\n" if notes.unknown else ""
+    never = NEVER_MENTIONED_YET if still_indexing else NEVER_MENTIONED
+    lead = never.format(named) + "\n" if notes.unknown else ""
     if notes.near_misses and any_hits:
         lead += NEAR_MISSES.format(named) + "\n"
     tail = MORE_MATCH.format(notes.more) + "\n" if notes.more else ""

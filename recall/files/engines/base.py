@@ -40,9 +40,10 @@ class Engine(Protocol):
         """Bring the index in ``home`` up to date with ``home/src``; EngineError on failure."""
         ...
 
-    async def recall(self, home: Path, query: str) -> Recalled:
+    async def recall(self, home: Path, query: str, *, still_indexing: bool = False) -> Recalled:
         """Passages for ``query``: the text for the agent ("" when nothing matches) and where
-        each passage comes from.
+        each passage comes from. ``still_indexing``: an index run is due or going, so a line
+        that says what no conversation holds says "not yet" (recall/ranking/render.py).
 
         Raise EngineError when the memory cannot be searched. Must be safe to cancel
         (the server cancels it on timeout) and to run while an index run is going on.

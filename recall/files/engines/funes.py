@@ -198,7 +198,8 @@ class FunesEngine:
                 continue
             raise EngineError(f"funes index exited {result.code}: {failure_kind(result.stderr)}")
 
-    async def recall(self, home: Path, query: str) -> Recalled:
+    async def recall(self, home: Path, query: str, *, still_indexing: bool = False) -> Recalled:
+        # funes' answer has no line of its own: nothing to word by ``still_indexing``.
         started = time.monotonic()
         # `--` so a user who types "-k 100" is searching for that text, not passing a flag.
         argv = [self.binary, "recall", "-k", str(self.k), "--candidates", str(self.candidates)]

@@ -171,10 +171,10 @@ class EmbeddedEngine:
         if self.index_workers is not None:
             await self.index_workers.close()
 
-    async def recall(self, home: Path, query: str) -> Recalled:
+    async def recall(self, home: Path, query: str, *, still_indexing: bool = False) -> Recalled:
         if not query.strip():
             return Recalled("")
-        return await run_in(self._recall_pool, self._recall, home, query)
+        return await run_in(self._recall_pool, self._recall, home, query, still_indexing)
 
     async def forget(self, home: Path, conversation_id: str) -> int:
         window = self._forgetting.open(home, conversation_id)
@@ -198,7 +198,7 @@ class EmbeddedEngine:
 
     # -- recall ---------------------------------------------------------------------------------
 
-    def _recall(self, home: Path, text: str) -> Recalled:
+    def _recall(self, home: Path, text: str, still_indexing: bool) -> Recalled:
         path = db_path(home)
         if not path.is_file():
             return Recalled("")
@@ -217,7 +217,7 @@ class EmbeddedEngine:
         # A forget that overlapped this recall may have deleted rows after our snapshot began.
         if hidden := self._forgetting.hidden(home, started):
             found = [(h, n) for h, n in found if h.conv not in hidden]
-        return render(found, query, self.max_chars, home.name, said)
+        return render(found, query, self.max_chars, home.name, said, still_indexing=still_indexing)
 
     def _search(self, con: sqlite3.Connection, key: str, query: Query) -> tuple[Found, Notes]:
         """The pipeline over this snapshot, on this thread. Both legs run here one after the
