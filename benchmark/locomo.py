@@ -43,7 +43,9 @@ Through a server (not --fast), `--store postgres` runs the server on STORE=postg
 PostgreSQL of its own, loaded by POST /turns) and `--server-tree PATH` starts the server of
 another checkout (its .venv), so one version's metrics measure another version's ranking;
 `--out F` writes the figures to F and each answer's SHA-256 (with its served passages) to
-F.answers.local.json, for benchmark/compare.py.
+F.answers.local.json, for benchmark/compare.py. The model: this process's EMBED_MODEL, which the
+servers inherit (`EMBED_MODEL=multilingual-e5-small python -m benchmark.locomo ...`); the
+figures name it (`embed_model`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ from recall.domain.answers import (
     Recalled,
 )
 from recall.domain.conversation import parse_conversation, user_dir_name
+from recall.embedder import PACKAGED
 from recall.files.engines.base import Engine
 from recall.files.layout import write_conversation
 
@@ -622,6 +625,8 @@ def measure_locomo(
     scored = score(histories, answers)
     figures = {"benchmark": "locomo", "engine": engine, "mode": "MCP tool, real server"}
     figures |= {"store": store, "server": str(server_tree or ROOT), "data": path.name}
+    # the servers inherit EMBED_MODEL from this process (devtools.testing.PASSED_THROUGH)
+    figures["embed_model"] = live.env.get("EMBED_MODEL", PACKAGED)
     figures |= {"settings": SETTINGS_AT, "load": loading}
     return figures | scored["figures"], scored["misses"]
 

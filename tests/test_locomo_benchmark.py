@@ -16,6 +16,7 @@ from benchmark.locomo import (
     Answers,
     evidence_key,
     is_hit,
+    locomo_server,
     measure_locomo,
     score,
     session_hit,
@@ -341,9 +342,21 @@ def test_a_run_through_the_tool_finds_the_evidence_and_measures_false_positives(
     assert through_the_tool["by_category"]["single-hop"]["R@5"] == 1.0  # read from the audit
     assert through_the_tool["by_category"]["overall"]["questions"] == 3
     assert through_the_tool["unavailable_answers"] == 0
+    assert through_the_tool["embed_model"] == "minilm"  # no EMBED_MODEL here: the default
     off_topic = len(to_history(sample()).off_topic)
     assert through_the_tool["false_positive"]["k3"]["all"]["queries"] == 1 + off_topic
     assert 0.0 <= through_the_tool["false_positive"]["k3"]["all"]["rate"] <= 1.0
+
+
+def test_the_servers_run_the_embed_model_this_process_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given EMBED_MODEL in the benchmark's environment, when it builds a server at each k,
+    monkeypatch.setenv("EMBED_MODEL", "multilingual-e5-small")
+    servers = [locomo_server(tmp_path, "embedded", k, ["u"]) for k in locomo.SETTINGS_AT]
+
+    # then every one runs that model (how an e5 run through the real server is asked for).
+    assert {live.env["EMBED_MODEL"] for live in servers} == {"multilingual-e5-small"}
 
 
 def test_the_in_process_run_answers_like_the_tool(
