@@ -58,8 +58,9 @@ LEXICAL_POOL = 6  # x LEXICAL_DEPTH: the BM25 rows re-ordered by query coverage
 # as its neighbour and ranks after them. Past them the fused rows keep their order, next to a hit
 # or not: skipping them everywhere left 102 of LoCoMo's 828 evidence turns out of the ranked list
 # at k=10 (a question's evidence is often two turns in a row). PLACES is the default RECALL_K:
-# an answer at that k is unchanged whenever the fused rows hold that many places (with fewer, the
-# turns next to them now fill it). benchmark/README.md, "What moved the numbers".
+# an answer at that k is unchanged (with fewer places than that, the rows next to them stay out
+# as before: a turn is not shown twice in a short answer). benchmark/README.md, "What moved the
+# numbers".
 PLACES = 3
 # The pool's order: covered share + POOL_MEANING x cosine. Among passages that cover the query's
 # words alike (a place named both in a fact and in small talk), the one closer in meaning comes
@@ -354,8 +355,10 @@ def ranked_hits(
 def choose(ranked: Sequence[Hit], k: int, fused: int | None = None) -> list[Hit]:
     """The first ``k`` of ``ranked``, whose first ``fused`` hits are the fused rows: the first
     PLACES of those that are not next to a better one (each place's neighbours show those that
-    are), then the other fused rows in their order, then the appended rows not next to a hit
-    chosen before them. One order whatever ``k``: a larger k takes more of it."""
+    are), then, once there are PLACES of them, the other fused rows in their order, then the
+    appended rows not next to a hit chosen before them. One order whatever ``k``: a larger k
+    takes more of it. A turn is never shown twice within the first PLACES passages: with fewer
+    places than that, the rows next to them stay out, as they are shown as neighbours."""
     tier = len(ranked) if fused is None else fused
     places: list[Hit] = []
     rest: list[Hit] = []
@@ -364,7 +367,7 @@ def choose(ranked: Sequence[Hit], k: int, fused: int | None = None) -> list[Hit]
             places.append(hit)
         else:
             rest.append(hit)
-    chosen = places + rest
+    chosen = places + rest if len(places) == PLACES else places
     for hit in ranked[tier:]:
         if len(chosen) >= k:
             break
