@@ -158,50 +158,39 @@ async def test_the_funes_engines_served_passages_are_audited_by_their_turns(
     assert "bearing noise" not in json.dumps(answer)
 
 
+@pytest.mark.parametrize(
+    ("held", "words", "fails"),
+    [
+        # each its own conversation: the first one's erase left tombstones of its turns
+        (("vault", "The vault word is zephyrquartz."), "zephyrquartz vault word", False),
+        (("locker", "The locker code is quolvexite."), "quolvexite locker code", True),
+    ],
+    ids=["answered", "failed after its read"],
+)
 async def test_a_recall_that_overlapped_an_erase_answers_none_of_it_and_leaves_no_audit_line(
-    funes_server: Server, fake_funes: FakeFunes, tmp_path: Path
+    funes_server: Server,
+    fake_funes: FakeFunes,
+    tmp_path: Path,
+    held: tuple[str, str],
+    words: str,
+    fails: bool,
 ) -> None:
     # Given alice's indexed conversation, and a tool call that has read her memory and is held
-    body = conversation("alice", "vault", "The vault word is zephyrquartz.", "Noted the word.")
-    assert funes_server.post(body)[0] == 202
+    # (and will then answer, or fail: its answer then holds nothing read)
+    assert funes_server.post(conversation("alice", *held, "Noted."))[0] == 202
     funes_server.wait_indexed("alice")
     gate = tmp_path / "recall-gate"
-    fake_funes.control(recall_gate=str(gate))
-    call = asyncio.create_task(funes_server.recall("alice", "zephyrquartz vault word"))
+    fake_funes.control(recall_gate=str(gate), fail_after_read=fails)
+    call = asyncio.create_task(funes_server.recall("alice", words))
     while not fake_funes.calls("recall"):
         await asyncio.sleep(0.05)
-    # When her memory is erased meanwhile, and then the held call answers
+    # When her memory is erased meanwhile, and then the held call goes on
     status, _ = await asyncio.to_thread(funes_server.post, {"user": "alice"}, route="/erase")
     assert status == 200
     gate.touch()
     answer = await asyncio.wait_for(call, 60)
-    # Then the agent gets nothing of what was erased, and no audit line of it is left behind
-    assert answer == NO_MEMORY
-    assert post_audit(funes_server, {"user": "alice"}) == (200, {"entries": []})
-    assert not (funes_server.home("alice") / AUDIT_FILE).exists()
-
-
-async def test_a_recall_that_failed_after_an_erase_began_leaves_no_audit_line_either(
-    funes_server: Server, fake_funes: FakeFunes, tmp_path: Path
-) -> None:
-    # Given alice's indexed conversation, and a tool call that has read her memory, is held, and
-    # will then fail (its answer: nothing read goes out)
-    # (another conversation than the test above's, whose erase left tombstones of its turns)
-    body = conversation("alice", "locker", "The locker code is quolvexite.", "Noted the code.")
-    assert funes_server.post(body)[0] == 202
-    funes_server.wait_indexed("alice")
-    gate = tmp_path / "recall-gate"
-    fake_funes.control(recall_gate=str(gate), fail_after_read=True)
-    call = asyncio.create_task(funes_server.recall("alice", "quolvexite locker code"))
-    while not fake_funes.calls("recall"):
-        await asyncio.sleep(0.05)
-    # When her memory is erased meanwhile, and then the held call fails
-    status, _ = await asyncio.to_thread(funes_server.post, {"user": "alice"}, route="/erase")
-    assert status == 200
-    gate.touch()
-    answer = await asyncio.wait_for(call, 60)
-    # Then its audit line met the erase check as a passage's would: none is left after the
-    # erase, and the agent hears what the erase left (no memory)
+    # Then the agent gets nothing of what was erased (no memory), and its audit line met the
+    # erase check as any other: none is left behind
     assert answer == NO_MEMORY
     assert post_audit(funes_server, {"user": "alice"}) == (200, {"entries": []})
     assert not (funes_server.home("alice") / AUDIT_FILE).exists()
