@@ -192,7 +192,14 @@ class Settings(BaseSettings):
     )
 
     # Recall bounds: the brief's values (k 3 and a pool below 4 x k keep funes' reranker off).
-    recall_k: int = Field(3, ge=1, le=50, description="passages returned")
+    recall_k: int = Field(
+        3,
+        ge=1,
+        le=50,
+        description="passages returned, best first; the first three are three places in the "
+        "history (a turn next to one shows as its neighbour), past them a passage may be a turn "
+        "shown beside an earlier one",
+    )
     recall_candidates: int = Field(
         8,
         ge=1,
