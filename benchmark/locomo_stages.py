@@ -154,7 +154,7 @@ def stages(engine: EmbeddedEngine, home: Path, question: Question) -> dict[str, 
         fused = fuse([(closest[:DENSE_DEPTH], DENSE_WEIGHT), (lexical_top, LEXICAL_WEIGHT)])
         widened = [rowid for rowid in closest[DENSE_DEPTH:] if rowid not in fused]
         rows = run_blocking(source.candidates([*fused, *widened]))
-        ranked = ranked_hits(
+        ranking = ranked_hits(
             rows,
             fused,
             newest=vectors.newest,
@@ -163,7 +163,8 @@ def stages(engine: EmbeddedEngine, home: Path, question: Question) -> dict[str, 
             ids=query.ids,
             after=widened,
         )
-        chosen = choose(ranked, K, sum(hit.id in fused for hit in ranked))
+        chosen = choose(ranking, K)
+        ranked = ranking.all()
         whole_dense = [int(vectors.ids[i]) for i in np.argsort(-similarity, kind="stable")]
         whole_lexical = order_pool(by_words, vectors.ids, similarity, candidates=len(by_words.pool))
     finally:

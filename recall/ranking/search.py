@@ -315,7 +315,18 @@ def top_hits(
         ids=ids,
         after=after,
     )
-    return choose(ranked, k, sum(hit.id in fused for hit in ranked))
+    return choose(ranked, k)
+
+
+class Ranked(NamedTuple):
+    """The ranked list before the places are chosen: the fused rows as hits, best first, and
+    the rows a wider pool appends after them, in their order."""
+
+    fused: list[Hit]
+    appended: list[Hit]
+
+    def all(self) -> list[Hit]:
+        return [*self.fused, *self.appended]
 
 
 def ranked_hits(
@@ -327,7 +338,7 @@ def ranked_hits(
     months: Sequence[tuple[int | None, int]] = (),
     ids: Sequence[str] = (),
     after: Sequence[int] = (),
-) -> list[Hit]:
+) -> Ranked:
     """Every fused row as a hit, best first: recency applied when ``half_life_days`` is set,
     and turns from a month the query names, or holding every identifier it names (``ids``,
     joined forms), lifted (never filtered); then the rows of ``after`` in that order, as they
@@ -349,26 +360,25 @@ def ranked_hits(
         if in_month(hit, months):
             hit.score *= 1 + MONTH_BOOST
     hits.sort(key=lambda h: (-h.score, h.id))
-    return hits + [as_hit(read[i], 0.0) for i in after if i in read and i not in fused]
+    return Ranked(hits, [as_hit(read[i], 0.0) for i in after if i in read and i not in fused])
 
 
-def choose(ranked: Sequence[Hit], k: int, fused: int | None = None) -> list[Hit]:
-    """The first ``k`` of ``ranked``, whose first ``fused`` hits are the fused rows: the first
-    PLACES of those that are not next to a better one (each place's neighbours show those that
+def choose(ranked: Ranked, k: int) -> list[Hit]:
+    """The first ``k`` of ``ranked``: the first PLACES fused rows that are not next to a
+    better one (each place's neighbours show those that
     are), then, once there are PLACES of them, the other fused rows in their order, then the
     appended rows not next to a hit chosen before them. One order whatever ``k``: a larger k
     takes more of it. A turn is never shown twice within the first PLACES passages: with fewer
     places than that, the rows next to them stay out, as they are shown as neighbours."""
-    tier = len(ranked) if fused is None else fused
     places: list[Hit] = []
     rest: list[Hit] = []
-    for hit in ranked[:tier]:
+    for hit in ranked.fused:
         if len(places) < PLACES and not any(next_to(place, hit) for place in places):
             places.append(hit)
         else:
             rest.append(hit)
     chosen = places + rest if len(places) == PLACES else places
-    for hit in ranked[tier:]:
+    for hit in ranked.appended:
         if len(chosen) >= k:
             break
         if not any(next_to(c, hit) for c in chosen):
