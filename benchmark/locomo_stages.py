@@ -41,18 +41,12 @@ from recall.files.engines.embedded.source import SqliteSource
 from recall.files.engines.embedded.store import connect, db_path
 from recall.files.layout import write_conversation
 from recall.models import load_embedder
-from recall.ranking.pipeline import lexical_leg, run_blocking
+from recall.ranking.pipeline import fused_legs, lexical_leg, run_blocking
 from recall.ranking.search import (
-    DENSE_DEPTH,
-    DENSE_WEIGHT,
     LEXICAL_DEPTH,
     LEXICAL_POOL,
-    LEXICAL_WEIGHT,
     Lexical,
     choose,
-    dense,
-    fuse,
-    nothing_relevant,
     order_pool,
     ranked_hits,
 )
@@ -146,13 +140,10 @@ def stages(engine: EmbeddedEngine, home: Path, question: Question) -> dict[str, 
             else Lexical([], [], False)
         )
         similarity = vectors.matrix @ qvec
-        candidates = engine.ranking.candidates
-        closest, best = dense(vectors.ids, similarity, max(DENSE_DEPTH, candidates))
-        if nothing_relevant(by_words, best, engine.ranking.min_similarity):
+        legs = fused_legs(by_words, vectors.ids, similarity, engine.ranking)
+        if legs is None:
             return {"nothing": True}
-        lexical_top = order_pool(by_words, vectors.ids, similarity, candidates=LEXICAL_DEPTH)
-        fused = fuse([(closest[:DENSE_DEPTH], DENSE_WEIGHT), (lexical_top, LEXICAL_WEIGHT)])
-        widened = [rowid for rowid in closest[DENSE_DEPTH:] if rowid not in fused]
+        fused, widened = legs
         rows = run_blocking(source.candidates([*fused, *widened]))
         ranking = ranked_hits(
             rows,

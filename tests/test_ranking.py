@@ -23,7 +23,7 @@ from recall.files.engines.embedded.store import (
     doc_counts,
 )
 from recall.models import load_embedder
-from recall.ranking.pipeline import run_blocking
+from recall.ranking.pipeline import Ranking, fused_legs, run_blocking
 from recall.ranking.search import (
     LEXICAL_POOL,
     PLACES,
@@ -457,6 +457,37 @@ def test_rows_of_a_wider_pool_are_served_after_every_fused_row() -> None:
 
     # Then the appended row follows the fused ones, and each list starts the next
     assert ranked == [[1], [1, 2], [1, 2, 3]]
+
+
+def test_the_legs_fuse_at_their_depths_and_the_wider_dense_rows_follow_unfused() -> None:
+    # Given twenty rows, row 1 closest in meaning, and a pool where only row 10 covers the query
+    ids = np.arange(1, 21)
+    similarity = np.linspace(0.9, 0.52, 20, dtype=np.float32)
+    by_words = Lexical([10, 20], [1.0, 0.4], False)
+
+    # When the legs are composed at RECALL_CANDIDATES 12
+    legs = fused_legs(by_words, ids, similarity, Ranking(k=3, candidates=12))
+
+    # Then the dense leg's first 8 rows and row 10 are fused; the dense rows to 12 not fused
+    # follow, in cosine order
+    assert legs is not None
+    assert sorted(legs.fused) == [1, 2, 3, 4, 5, 6, 7, 8, 10]
+    assert legs.widened == [9, 11, 12]
+
+
+def test_a_query_that_finds_nothing_orders_and_fuses_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given rows far from the query in meaning, and a pool that covers little of it
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ordered or fused for a query that finds nothing")
+
+    monkeypatch.setattr("recall.ranking.pipeline.order_pool", never)
+    monkeypatch.setattr("recall.ranking.pipeline.fuse", never)
+    by_words = Lexical([3], [0.2], False)
+
+    # When the legs are composed, then there are none: the floor is checked first
+    assert fused_legs(by_words, np.arange(1, 6), np.full(5, 0.1), Ranking()) is None
 
 
 def test_the_blocking_driver_runs_a_pipeline_to_its_end_and_refuses_one_that_suspends() -> None:

@@ -116,12 +116,10 @@ async def rank(
         else Lexical([], [], False)
     )
     similarity = vectors.matrix @ qvec  # each passage's cosine: both legs use it
-    closest, best_similarity = dense(vectors.ids, similarity, max(DENSE_DEPTH, ranking.candidates))
-    if nothing_relevant(by_words, best_similarity, ranking.min_similarity):
+    legs = fused_legs(by_words, vectors.ids, similarity, ranking)
+    if legs is None:
         return [], notes(query, by_words)
-    by_words_ranked = order_pool(by_words, vectors.ids, similarity, candidates=LEXICAL_DEPTH)
-    fused = fuse([(closest[:DENSE_DEPTH], DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
-    widened = [rowid for rowid in closest[DENSE_DEPTH:] if rowid not in fused]
+    fused, widened = legs
     rows = await source.candidates([*fused, *widened])
     hits = top_hits(
         rows,
@@ -135,6 +133,29 @@ async def rank(
     )
     ranked = [row for row in rows if row.id in fused]
     return await with_neighbours(source, hits), notes(query, by_words, ranked, hits)
+
+
+class Legs(NamedTuple):
+    """The two legs fused, and the dense rows ranked after them."""
+
+    fused: dict[int, float]  # rowid -> fused score: DENSE_DEPTH dense rows, LEXICAL_DEPTH lexical
+    widened: list[int]  # the dense leg's next rows up to RECALL_CANDIDATES, not fused, by cosine
+
+
+def fused_legs(
+    by_words: Lexical, ids: np.ndarray, similarity: np.ndarray, ranking: Ranking
+) -> Legs | None:
+    """The dense leg (``similarity[i]`` is row ``ids[i]``'s cosine) fused with the lexical one,
+    at their fixed depths, and the dense rows ``ranking.candidates`` widens the list with; None
+    when nothing is relevant (checked first: a query that finds nothing orders and fuses
+    nothing)."""
+    closest, best_similarity = dense(ids, similarity, max(DENSE_DEPTH, ranking.candidates))
+    if nothing_relevant(by_words, best_similarity, ranking.min_similarity):
+        return None
+    by_words_ranked = order_pool(by_words, ids, similarity, candidates=LEXICAL_DEPTH)
+    fused = fuse([(closest[:DENSE_DEPTH], DENSE_WEIGHT), (by_words_ranked, LEXICAL_WEIGHT)])
+    widened = [rowid for rowid in closest[DENSE_DEPTH:] if rowid not in fused]
+    return Legs(fused, widened)
 
 
 async def lexical_leg(source: Source, query: Query, size: int) -> Lexical:
