@@ -57,6 +57,12 @@ class Marked:
     mark: Mark = None
 
 
+def leave_mark(marked: Marked | None, mark: Mark) -> None:
+    """Leave ``mark`` in ``marked``, when the read's caller handed it one."""
+    if marked is not None:
+        marked.mark = mark
+
+
 @dataclass(frozen=True)
 class Located:
     """A read tool's lookup: the conversation a ref names, with its stored turns (None when the

@@ -39,7 +39,7 @@ from recall.domain.conversation import Conversation, user_dir_name
 from recall.domain.errors import EngineError, Forgotten, StoreUnavailable
 from recall.metrics import Metrics
 from recall.settings import Settings
-from recall.store import Located, Marked, Searched
+from recall.store import Located, Marked, Searched, leave_mark
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 80
@@ -85,14 +85,12 @@ class FakeStore:
         return []
 
     async def search(self, user: str, query: str, marked: Marked | None = None) -> Searched:
-        if marked is not None:
-            marked.mark = self.early_mark
+        leave_mark(marked, self.early_mark)
         await self._call("search", user, query)
         return Searched(self.memory_state, self.found, 1)  # type: ignore[arg-type]
 
     async def locate(self, user: str, ref: str, marked: Marked | None = None) -> Located:
-        if marked is not None:
-            marked.mark = self.early_mark
+        leave_mark(marked, self.early_mark)
         await self._call("locate", user, ref)
         return Located(None, 1)
 

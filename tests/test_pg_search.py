@@ -43,12 +43,13 @@ from recall.models import load_embedder
 from recall.pg.database import Connection, Database
 from recall.pg.fts import phrase_stems
 from recall.pg.index import IndexRunner
-from recall.pg.search import PgSearch
+from recall.pg.search import PgSearch, Seen
 from recall.pg.source import PgSource, Snapshot
 from recall.pg.store import PgStore
 from recall.ranking.search import LEXICAL_POOL, common_floor
 from recall.ranking.text import Query
 from recall.ranking.vectors import Vectors
+from recall.store import Marked
 
 USER = "bench-user"  # benchmark/history.py's user
 SETTINGS = {3: (3, 8, 4000), 8: (8, 32, 8000)}  # k: (k, candidates, max chars), as the benchmark
@@ -864,6 +865,37 @@ async def test_a_forget_or_erase_between_a_search_and_its_settle_is_told_and_not
     assert await tool.settle(alice, third.mark, {"at": "2025-05-03T09:00:02Z"}) == "erased"
     assert await tool.settle(alice, third.mark, None) == "erased"
     assert await store.audit(alice) == []
+    await tool._searcher().close()  # the database is the fixture's to close
+
+
+async def test_a_read_leaves_its_mark_before_it_can_fail_and_an_erase_since_is_told(
+    embedder: Remembered,
+    db: Database,
+    store: PgStore,
+    superuser: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given alice's conversations, and a ranking that fails after the snapshot read her row
+    alice = user_dir_name("alice")
+    await post_a_secret_and_a_kept_conversation(embedder, db, store, superuser)
+    tool = PgStore(db, 0.1, None, PgSearch(db, embedder, min_similarity=0.0))
+
+    async def fails(*args: object) -> None:
+        raise EngineError("index unreadable")
+
+    monkeypatch.setattr(PgSearch, "_search", fails)
+    searched, located = Marked(), Marked()
+
+    # When a search fails after its mark, and a lookup reads
+    with pytest.raises(EngineError):
+        await tool.search(alice, "plan", searched)
+    found = await tool.locate(alice, "ref 000000000000", located)
+
+    # Then each left its erase mark, which tells an erase that came since
+    assert searched.mark == located.mark == found.mark == Seen(0, None)
+    await store.erase(alice)
+    assert await tool.settle(alice, searched.mark, None) == "erased"
+    assert await tool.settle(alice, located.mark, None) == "erased"
     await tool._searcher().close()  # the database is the fixture's to close
 
 

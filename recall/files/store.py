@@ -50,6 +50,7 @@ from recall.store import (
     Searched,
     Settled,
     Turn,
+    leave_mark,
 )
 
 log = logging.getLogger("recall")
@@ -272,8 +273,7 @@ class FilesStore:
 
     async def search(self, user: str, query: str, marked: Marked | None = None) -> Searched:
         mark = await self.mark(user)  # first: an erase from here on is settle's to tell
-        if marked is not None:
-            marked.mark = mark
+        leave_mark(marked, mark)
         state = await self.state(user)
         if state not in SEARCHABLE or not query.strip():
             return Searched(state, Recalled(""), mark)
@@ -283,8 +283,7 @@ class FilesStore:
 
     async def locate(self, user: str, ref: str, marked: Marked | None = None) -> Located:
         mark = await self.mark(user)
-        if marked is not None:
-            marked.mark = mark
+        leave_mark(marked, mark)
         conversation_id = conversation_named(user, ref, await self.conversation_ids(user))
         turns = None if conversation_id is None else await self.turns(user, conversation_id)
         found = None if conversation_id is None or turns is None else (conversation_id, turns)

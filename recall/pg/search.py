@@ -38,7 +38,7 @@ from recall.ranking.render import render
 from recall.ranking.search import MIN_SIMILARITY, Notes
 from recall.ranking.text import Query
 from recall.ranking.vectors import VectorCache, VectorLoads, Vectors
-from recall.store import SEARCHABLE, Marked, MemoryState, Searched
+from recall.store import SEARCHABLE, Marked, MemoryState, Searched, leave_mark
 
 # A recall re-runs when a forget committed while it read; past this many tries in a row it
 # gives up (a user forgetting without pause): RecallRaced, which the server answers softly.
@@ -181,8 +181,8 @@ class PgSearch:
                 row = await self._user_row(conn, user_hash)
                 state = memory_state(row, self.wanted)
                 seen = Seen(row.erasures or 0, row.forgets or 0)
-                if marked is not None:  # what a failed search's audit line is checked against
-                    marked.mark = Seen(seen.erasures, None)
+                # What a failed search's audit line is checked against.
+                leave_mark(marked, Seen(seen.erasures, None))
                 if query is None or analysed is None or not (always or state in SEARCHABLE):
                     return state, seen, Recalled("")
                 found, said = await self._search(conn, user_hash, query, *analysed, row)

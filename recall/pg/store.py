@@ -70,6 +70,7 @@ from recall.store import (
     Searched,
     Settled,
     Turn,
+    leave_mark,
 )
 
 log = logging.getLogger("recall.pg.store")
@@ -572,8 +573,7 @@ class PgStore:
         async with self.database.user(user, read_only=True, repeatable=True) as conn:
             row = await _one(conn, "SELECT erasures FROM users WHERE user_hash = %s", (user,))
             mark = Seen(0 if row is None else int(row[0]), None)
-            if marked is not None:
-                marked.mark = mark
+            leave_mark(marked, mark)
             ids = await _all(
                 conn, "SELECT conversation_id FROM conversations WHERE user_hash = %s", (user,)
             )
