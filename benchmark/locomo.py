@@ -680,11 +680,13 @@ def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
     """Today's embedded engine at each k's settings, sharing one embedding model."""
     from recall.embedder import PACKAGED
     from recall.files.engines.embedded.engine import EmbeddedEngine
+    from recall.indexing.configured import configured_reranker
     from recall.models import load_embedder
-    from recall.settings import MODEL_MIN_SIMILARITY
+    from recall.settings import MODEL_MIN_SIMILARITY, Settings
 
     model = os.environ.get("EMBED_MODEL", PACKAGED)
     embedder = load_embedder(model_dir, model=model)
+    reranker = configured_reranker(Settings(engine="embedded"))  # RECALL_RERANK
     return {
         k: EmbeddedEngine(
             embedder,
@@ -692,6 +694,7 @@ def embedded_engines(model_dir: Path | None = None) -> dict[int, Engine]:
             k=int(values["RECALL_K"]),
             candidates=int(values["RECALL_CANDIDATES"]),
             max_chars=int(values["MAX_RESULT_CHARS"]),
+            reranker=reranker,
         )
         for k, values in SETTINGS_AT.items()
     }
@@ -717,15 +720,17 @@ async def ask_postgres(
     backfill loads it (rows are then numbered as the embedded engine numbers them), indexed by
     an IndexRunner, asked through PgSearch at each k's settings."""
     from recall.embedder import PACKAGED
+    from recall.indexing.configured import configured_reranker
     from recall.models import load_embedder
     from recall.pg.database import Database
     from recall.pg.index import IndexRunner
     from recall.pg.search import PgSearch
     from recall.pg.store import PgStore
-    from recall.settings import MODEL_MIN_SIMILARITY
+    from recall.settings import MODEL_MIN_SIMILARITY, Settings
 
     model = os.environ.get("EMBED_MODEL", PACKAGED)
     embedder = load_embedder(model_dir, model=model)
+    reranker = configured_reranker(Settings(engine="embedded"))  # RECALL_RERANK
     db = Database(database_url, 4)
     store = PgStore(db, debounce=3600.0)  # no run claims a history before it is all posted
     runner = IndexRunner(db, embedder, debounce=0.0, concurrency=1, timeout=3600.0)
@@ -737,6 +742,7 @@ async def ask_postgres(
             k=int(values["RECALL_K"]),
             candidates=int(values["RECALL_CANDIDATES"]),
             max_chars=int(values["MAX_RESULT_CHARS"]),
+            reranker=reranker,
         )
         for k, values in SETTINGS_AT.items()
     }

@@ -212,11 +212,11 @@ def _default_files() -> tuple[Path, Path]:
 def pinned(path: Path, sha256: str) -> Path:
     """``path``, once its content is known to have the hash ``sha256``."""
     if not path.is_file():
-        raise ModelUnavailable(f"embedding model file not found: {path}")
+        raise ModelUnavailable(f"model file not found: {path}")
     found = file_sha256(path)
     if found != sha256:
         raise ModelUnavailable(
-            f"embedding model file {path} has sha256 {found}, not the pinned {sha256} "
+            f"model file {path} has sha256 {found}, not the pinned {sha256} "
             "(docs/models.md): reinstall the package that ships it"
         )
     return path

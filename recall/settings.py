@@ -215,6 +215,12 @@ class Settings(BaseSettings):
     recall_half_life_days: float = Field(
         0.0, ge=0, description="recency weighting for the embedded engine (0: off)"
     )
+    # The cross-encoder reranker (recall/reranker.py): better first passages for more CPU.
+    recall_rerank: bool = Field(
+        False,
+        description="embedded engine: re-order the fused passages with a cross-encoder (the "
+        "`rerank` extra; English text; about 0.2 s of CPU a recall)",
+    )
     # The embedded engine's "nothing relevant" floor: a query no passage comes this close to (and
     # that shares little with any) finds nothing. The cosine scale is the model's own.
     recall_min_similarity: float | None = Field(

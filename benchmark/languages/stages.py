@@ -38,6 +38,7 @@ from recall.files.engines.embedded.engine import EmbeddedEngine
 from recall.files.engines.embedded.source import SqliteSource
 from recall.files.engines.embedded.store import connect, db_path
 from recall.files.layout import write_conversation
+from recall.indexing.configured import configured_reranker
 from recall.models import load_embedder
 from recall.ranking.pipeline import lexical_leg, run_blocking
 from recall.ranking.search import LEXICAL_POOL, Lexical, dense, nothing_relevant, order_pool
@@ -50,10 +51,11 @@ USER = "bench-user"
 
 
 def engines() -> dict[int, EmbeddedEngine]:
-    """The embedded engine at each k, as the benchmark servers run it (EMBED_MODEL and
-    RECALL_MIN_SIMILARITY from the environment), sharing one model."""
+    """The embedded engine at each k, as the benchmark servers run it (EMBED_MODEL,
+    RECALL_MIN_SIMILARITY and RECALL_RERANK from the environment), sharing one model."""
     settings = Settings(engine="embedded")
     embedder = load_embedder(None, model=settings.embed_model)
+    reranker = configured_reranker(settings)  # RECALL_RERANK
     return {
         k: EmbeddedEngine(
             embedder,
@@ -61,6 +63,7 @@ def engines() -> dict[int, EmbeddedEngine]:
             candidates=settings.recall_candidates,
             max_chars=CAP[k],
             min_similarity=settings.min_similarity(),
+            reranker=reranker,
         )
         for k in KS
     }

@@ -10,6 +10,7 @@ from recall.settings import ConfigError, Settings
 if TYPE_CHECKING:  # onnxruntime is heavy: imported only where a model is loaded
     from recall.embedder import Embedder
     from recall.indexing.workers import IndexWorkers
+    from recall.reranker import CrossEncoder
 
 
 def configured_embedder(settings: Settings, threads: int | None = None) -> Embedder:
@@ -28,6 +29,19 @@ def configured_embedder(settings: Settings, threads: int | None = None) -> Embed
         )
     except (OSError, ValueError) as exc:
         raise ConfigError(f"embedding model: {exc}") from exc
+
+
+def configured_reranker(settings: Settings) -> CrossEncoder | None:
+    """The cross-encoder when RECALL_RERANK is on, else None; ConfigError when it cannot be
+    loaded (the extra not installed, a file with other bytes)."""
+    if not settings.recall_rerank:
+        return None
+    from recall.reranker import CrossEncoder
+
+    try:
+        return CrossEncoder()
+    except OSError as exc:
+        raise ConfigError(f"reranker: {exc}") from exc
 
 
 def index_workers(settings: Settings) -> IndexWorkers:

@@ -33,7 +33,7 @@ from recall.pg.database import Connection, Database
 from recall.pg.fts import phrase_stems
 from recall.pg.index import fingerprint
 from recall.pg.source import PgSource, Snapshot
-from recall.ranking.pipeline import Found, Ranking, rank
+from recall.ranking.pipeline import Found, Ranking, Reranker, on_threads, rank
 from recall.ranking.render import render
 from recall.ranking.search import MIN_SIMILARITY, Notes
 from recall.ranking.text import Query
@@ -105,17 +105,19 @@ class PgSearch:
         min_similarity: float = MIN_SIMILARITY,
         recall_concurrency: int = 4,
         cache_bytes: int = 256 * 2**20,
+        reranker: Reranker | None = None,
     ) -> None:
         self.db = db
         self.embedder = embedder
         self.max_chars = max_chars
-        self.ranking = Ranking(k, candidates, half_life_days, min_similarity)
         self.wanted = fingerprint(embedder)
-        # The query's vector and stems: CPU work off the event loop, on threads of our own
-        # (no more than the cores, as the embedded engine's recalls).
+        # The query's vector and stems, and the reranker's scores: CPU work off the event loop,
+        # on threads of our own (no more than the cores, as the embedded engine's recalls).
         self._pool = ThreadPoolExecutor(
             min(recall_concurrency, usable_cores()), thread_name_prefix="recall-pg"
         )
+        rerank = None if reranker is None else on_threads(self._pool, reranker.scores)
+        self.ranking = Ranking(k, candidates, half_life_days, min_similarity, rerank)
         self.cache = VectorCache(cache_bytes)
         self.loads = VectorLoads(self.cache, asynchronous=True)  # one read per user at a time
 

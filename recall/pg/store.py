@@ -598,7 +598,7 @@ def from_settings(settings: Settings, checked: StartCheck | None = None) -> PgSt
     ranking over the database, and the index runs it claims. ConfigError when the model cannot
     be loaded. ``checked``: the start's check of the database, made already (check_at_start)."""
     from recall.embedder import QUERY_THREADS
-    from recall.indexing.configured import configured_embedder, index_workers
+    from recall.indexing.configured import configured_embedder, configured_reranker, index_workers
 
     assert settings.database_url is not None  # Settings.problems() requires it
     # This process embeds queries only (on few threads, as the embedded engine); index runs
@@ -625,5 +625,6 @@ def from_settings(settings: Settings, checked: StartCheck | None = None) -> PgSt
         min_similarity=settings.min_similarity(),
         recall_concurrency=settings.recall_concurrency,
         cache_bytes=settings.vector_cache_mb * 2**20,
+        reranker=configured_reranker(settings),
     )
     return PgStore(database, settings.index_debounce, runner, search)

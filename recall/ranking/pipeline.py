@@ -3,7 +3,8 @@ implements (the embedded engine's SQLite file; PostgreSQL's rows), so a ranking 
 here or in search.py and shows on both stores alike.
 
     vectors -> BM25 pool with its term counts -> lexical (coverage) ; cosines -> dense leg
-      -> nothing relevant? -> order_pool -> fuse -> candidate rows -> top_hits -> notes
+      -> nothing relevant? -> order_pool -> fuse -> candidate rows -> (reranker) -> top_hits
+      -> notes
       -> each hit's neighbours
 
 The pipeline is a coroutine because PostgreSQL's reads are. SQLite's are blocking calls on the
@@ -14,12 +15,14 @@ engine's recall thread: its source's methods are coroutines that never suspend, 
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
+from recall.concurrency import run_in
 from recall.ranking.render import NEIGHBOURS, Neighbour, gather_neighbours
 from recall.ranking.search import (
     DENSE_DEPTH,
@@ -39,12 +42,41 @@ from recall.ranking.search import (
     notes,
     nothing_relevant,
     order_pool,
+    rescored,
     top_hits,
 )
 from recall.ranking.text import Query
 from recall.ranking.vectors import Vectors
 
 Found = list[tuple[Hit, list[Neighbour]]]  # each hit, best first, with the turns around it
+
+
+class Reranker(Protocol):
+    """Scores (query, passage) pairs, higher first (recall/reranker.py's CrossEncoder)."""
+
+    def scores(self, query: str, passages: Sequence[str]) -> np.ndarray: ...
+
+
+Rerank = Callable[[str, Sequence[str]], Awaitable[np.ndarray]]
+
+
+def on_this_thread(scores: Callable[[str, Sequence[str]], np.ndarray]) -> Rerank:
+    """``scores`` as the pipeline awaits it, run right here: for a pipeline driven by
+    run_blocking, which must never suspend."""
+
+    async def rerank(query: str, passages: Sequence[str]) -> np.ndarray:
+        return scores(query, passages)
+
+    return rerank
+
+
+def on_threads(pool: Executor, scores: Callable[[str, Sequence[str]], np.ndarray]) -> Rerank:
+    """``scores`` as the pipeline awaits it, on a thread of ``pool``: off the event loop."""
+
+    async def rerank(query: str, passages: Sequence[str]) -> np.ndarray:
+        return await run_in(pool, scores, query, passages)
+
+    return rerank
 
 
 class Pool(NamedTuple):
@@ -94,6 +126,10 @@ class Ranking:
     candidates: int = 8
     half_life_days: float = 0.0
     min_similarity: float = MIN_SIMILARITY  # calibrated for the packaged model; 0: off
+    # RECALL_RERANK: scores (query, passages), higher first; the store runs it where its CPU
+    # work goes (the SQLite engine on its recall thread, never suspending; PostgreSQL's off
+    # the event loop)
+    rerank: Rerank | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "candidates", max(self.candidates, self.k))
@@ -121,6 +157,11 @@ async def rank(
         return [], notes(query, by_words)
     fused, widened = legs
     rows = await source.candidates([*fused, *widened])
+    if ranking.rerank is not None:
+        texts = {row.id: row.text for row in rows if row.id in fused}
+        ids = list(texts)
+        scores = await ranking.rerank(query.text, [texts[i] for i in ids])
+        fused = rescored(fused, dict(zip(ids, map(float, scores), strict=True)))
     hits = top_hits(
         rows,
         fused,

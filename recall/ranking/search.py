@@ -293,6 +293,16 @@ class Candidate(NamedTuple):
     ids: Sequence[str]
 
 
+def rescored(fused: Mapping[int, float], scores: Mapping[int, float]) -> dict[int, float]:
+    """The fused rows re-ranked by ``scores`` (a reranker's, higher first; equal scores in the
+    fused order): each row's fused score becomes what rank fusion gives that rank alone, so the
+    boosts after it (an identifier held, a month named) weigh as they do on the fused order."""
+    order = sorted(fused, key=lambda rowid: (-fused[rowid], rowid))
+    # Stable: equal scores keep the fused order; a row the store could not read goes last.
+    by_score = sorted(order, key=lambda rowid: -scores.get(rowid, -math.inf))
+    return {rowid: 1.0 / (RRF_K + rank + 1) for rank, rowid in enumerate(by_score)}
+
+
 def top_hits(
     rows: Iterable[Candidate],
     fused: Mapping[int, float],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from recall.files.engines.base import Engine
 from recall.files.engines.funes import FunesEngine, find_funes
-from recall.indexing.configured import configured_embedder, index_workers
+from recall.indexing.configured import configured_embedder, configured_reranker, index_workers
 from recall.settings import ConfigError, Settings
 
 
@@ -41,4 +41,5 @@ def make_engine(settings: Settings) -> Engine:
         index_timeout=settings.index_timeout,
         index_concurrency=settings.index_concurrency,
         recall_concurrency=settings.recall_concurrency,
+        reranker=configured_reranker(settings),
     )

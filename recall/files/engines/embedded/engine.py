@@ -43,7 +43,7 @@ from recall.files.engines.embedded.store import (
     outdated,
     reconcile,
 )
-from recall.ranking.pipeline import Found, Ranking, rank, run_blocking
+from recall.ranking.pipeline import Found, Ranking, Reranker, on_this_thread, rank, run_blocking
 from recall.ranking.render import render
 from recall.ranking.search import MIN_SIMILARITY, Notes, common_floor
 from recall.ranking.text import Query
@@ -117,12 +117,14 @@ class EmbeddedEngine:
         index_concurrency: int = 2,
         recall_concurrency: int = 4,
         min_similarity: float = MIN_SIMILARITY,
+        reranker: Reranker | None = None,
     ) -> None:
         self.embedder = embedder
         # Index runs in worker processes (the server's choice), else on this process' threads.
         self.index_workers = index_workers
         self.max_chars = max_chars
-        self.ranking = Ranking(k, candidates, half_life_days, min_similarity)
+        rerank = None if reranker is None else on_this_thread(reranker.scores)
+        self.ranking = Ranking(k, candidates, half_life_days, min_similarity, rerank)
         # The matrices of recent users, at most cache_bytes in all (vectors.py).
         self.cache = VectorCache(cache_bytes)
         self.loads = VectorLoads(self.cache, asynchronous=False)  # one load per user at a time
