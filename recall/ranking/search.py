@@ -294,13 +294,18 @@ class Candidate(NamedTuple):
 
 
 def rescored(fused: Mapping[int, float], scores: Mapping[int, float]) -> dict[int, float]:
-    """The fused rows re-ranked by ``scores`` (a reranker's, higher first; equal scores in the
-    fused order): each row's fused score becomes what rank fusion gives that rank alone, so the
-    boosts after it (an identifier held, a month named) weigh as they do on the fused order."""
+    """The fused rows' scores with a reranker's order fused in (``scores``, higher first): each
+    row scores what rank fusion gives its place in the fused order plus its place in the
+    reranker's (equal scores there in the fused order; a row the store could not read last).
+    The reranker votes beside the legs rather than replacing them: alone it put small talk that
+    names a unit before the fact about it (benchmark/README.md, "A cross-encoder")."""
     order = sorted(fused, key=lambda rowid: (-fused[rowid], rowid))
-    # Stable: equal scores keep the fused order; a row the store could not read goes last.
-    by_score = sorted(order, key=lambda rowid: -scores.get(rowid, -math.inf))
-    return {rowid: 1.0 / (RRF_K + rank + 1) for rank, rowid in enumerate(by_score)}
+    by_score = sorted(order, key=lambda rowid: -scores.get(rowid, -math.inf))  # stable
+    place = {rowid: rank for rank, rowid in enumerate(by_score)}
+    return {
+        rowid: 1.0 / (RRF_K + rank + 1) + 1.0 / (RRF_K + place[rowid] + 1)
+        for rank, rowid in enumerate(order)
+    }
 
 
 def top_hits(
