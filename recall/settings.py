@@ -219,7 +219,7 @@ class Settings(BaseSettings):
     recall_rerank: bool = Field(
         False,
         description="embedded engine: re-order the fused passages with a cross-encoder (the "
-        "`rerank` extra; English text; about 0.2 s of CPU a recall)",
+        "`rerank` extra; English text; about half a second of one core a recall)",
     )
     # The embedded engine's "nothing relevant" floor: a query no passage comes this close to (and
     # that shares little with any) finds nothing. The cosine scale is the model's own.
