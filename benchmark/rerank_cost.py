@@ -15,17 +15,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmark.common import percentile
 from benchmark.locomo import DEFAULT_DATA, load_locomo
 from recall.domain.conversation import parse_conversation, user_dir_name
 from recall.files.engines.embedded.engine import EmbeddedEngine
 from recall.files.layout import write_conversation
 from recall.models import load_embedder
 from recall.reranker import CrossEncoder
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 async def measure(data: Path, workdir: Path) -> dict[str, list[float]]:

@@ -78,7 +78,8 @@ class CrossEncoder:
         """One score per passage, in their order."""
         if not passages:
             return np.zeros(0, dtype=np.float32)
-        pairs = [(engine_text(query), engine_text(text)) for text in passages]
+        asked = engine_text(query)
+        pairs = [(asked, engine_text(text)) for text in passages]
         encoded = self._tokenizer.encode_batch(pairs)
         width = max(len(e.ids) for e in encoded)
 

@@ -138,6 +138,23 @@ def funes_server(tmp_path: Path, fake_funes: FakeFunes) -> Iterator[Server]:
     server.stop()
 
 
+def refuses_to_start_naming_the_extra(
+    workdir: Path, package: str, init: str, extra: str, **settings: str
+) -> None:
+    """A server whose ``package`` is a stand-in (``init`` its __init__.py, first on the
+    server's path) exits at once on these settings, with a line naming the extra to install."""
+    shadow = workdir / "shadow" / package
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(init)
+    server = testing.make_server(
+        workdir, ENGINE="embedded", PYTHONPATH=str(shadow.parent), **settings
+    )
+    with pytest.raises(RuntimeError, match="exited early"):
+        server.start(timeout=60)
+    assert server.process is not None and server.process.returncode != 0
+    assert f"pip install 'recall-server[{extra}]'" in server.log(), server.log()
+
+
 def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> None:
     # A ceiling, not a measurement: generous, so a loaded machine cannot fail a test by it
     deadline = time.monotonic() + timeout

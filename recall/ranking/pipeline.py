@@ -158,10 +158,9 @@ async def rank(
     fused, widened = legs
     rows = await source.candidates([*fused, *widened])
     if ranking.rerank is not None:
-        texts = {row.id: row.text for row in rows if row.id in fused}
-        ids = list(texts)
-        scores = await ranking.rerank(query.text, [texts[i] for i in ids])
-        fused = rescored(fused, dict(zip(ids, map(float, scores), strict=True)))
+        read = [row for row in rows if row.id in fused]
+        scores = await ranking.rerank(query.text, [row.text for row in read])
+        fused = rescored(fused, {row.id: float(s) for row, s in zip(read, scores, strict=True)})
     hits = top_hits(
         rows,
         fused,

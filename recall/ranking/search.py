@@ -294,18 +294,13 @@ class Candidate(NamedTuple):
 
 
 def rescored(fused: Mapping[int, float], scores: Mapping[int, float]) -> dict[int, float]:
-    """The fused rows' scores with a reranker's order fused in (``scores``, higher first): each
-    row scores what rank fusion gives its place in the fused order plus its place in the
-    reranker's (equal scores there in the fused order; a row the store could not read last).
-    The reranker votes beside the legs rather than replacing them: alone it put small talk that
-    names a unit before the fact about it (benchmark/README.md, "A cross-encoder")."""
+    """The fused order fused again (``fuse``) with a reranker's (``scores``, higher first; equal
+    scores in the fused order, a row the store could not read last). The reranker votes beside
+    the legs rather than replacing them: alone it put small talk that names a unit before the
+    fact about it (benchmark/README.md, "A cross-encoder")."""
     order = sorted(fused, key=lambda rowid: (-fused[rowid], rowid))
     by_score = sorted(order, key=lambda rowid: -scores.get(rowid, -math.inf))  # stable
-    place = {rowid: rank for rank, rowid in enumerate(by_score)}
-    return {
-        rowid: 1.0 / (RRF_K + rank + 1) + 1.0 / (RRF_K + place[rowid] + 1)
-        for rank, rowid in enumerate(order)
-    }
+    return fuse([(order, 1.0), (by_score, 1.0)])
 
 
 def top_hits(
